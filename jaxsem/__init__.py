@@ -1,0 +1,13 @@
+"""jaxsem: differentiable spectral-element methods as pure JAX array programs."""
+
+import jax as _jax
+
+_jax.config.update("jax_enable_x64", True)
+
+from .basis import gll_points, gauss_points, lagrange_matrix, derivative_matrix  # noqa: E402
+from .mesh import Mesh, box_mesh  # noqa: E402
+from .numbering import Numbering, number_nodes  # noqa: E402
+from .geometry import Geometry, geometric_factors, quadrature  # noqa: E402
+from .gather_scatter import GatherScatter, make_gs, gs_apply  # noqa: E402
+
+__version__ = "0.1.0"

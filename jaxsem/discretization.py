@@ -1,0 +1,133 @@
+"""A discretized mesh: numbering, geometry and gather–scatter plan in one pytree.
+
+``sem = discretize(mesh)`` is what operators, solvers and models take. Arrays
+are leaves (so ``jax.grad`` can reach the geometry); sizes and names are static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import geometry as geo
+from .gather_scatter import GatherScatter, gs_apply, make_gs
+from .mesh import Mesh
+from .numbering import number_nodes
+
+__all__ = ["SEM", "discretize"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SEM:
+    """A spectral-element discretization (pytree).
+
+    Attributes (E elements, n = N + 1 GLL points, q quadrature points per axis):
+      x: ``(3, E, n, n, n)`` GLL node coordinates.
+      D: ``(n, n)`` GLL derivative matrix.
+      J, Dt: ``(q, n)`` interpolation/derivative to the operator's quadrature.
+      geom: :class:`jaxsem.geometry.Geometry` on that quadrature.
+      gs: :class:`jaxsem.gather_scatter.GatherScatter` plan.
+      mask: ``(E, n, n, n)`` 1.0 inside, 0.0 on Dirichlet boundary nodes (all ones
+        for Neumann problems).
+      bmass: ``(E, n, n, n)`` assembled-ready diagonal GLL mass (w·jac on GLL nodes),
+        used for L2 norms of E-vectors.
+      order, quadrature, num_global: static.
+    """
+
+    x: jax.Array
+    D: jax.Array
+    J: jax.Array
+    Dt: jax.Array
+    geom: geo.Geometry
+    gs: GatherScatter
+    mask: jax.Array
+    bmass: jax.Array
+    order: int = dataclasses.field(metadata=dict(static=True))
+    quadrature: str = dataclasses.field(metadata=dict(static=True))
+    num_global: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def n(self) -> int:
+        return self.order + 1
+
+    @property
+    def num_elements(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def mult(self):
+        """``(E, n, n, n)`` inverse multiplicity."""
+        return self.gs.mult
+
+    def dssum(self, u):
+        """QQᵀ u (direct stiffness summation) of ``u: (..., E, n, n, n)``."""
+        return gs_apply(self.gs, u)
+
+    def dot(self, u, v):
+        """Σ u·v/multiplicity: the global inner product of continuous E-vectors."""
+        return jnp.sum(u * v * self.gs.mult)
+
+    def interpolate(self, f: Callable):
+        """Nodal values ``f(x, y, z)`` at the GLL nodes: ``(E, n, n, n)`` or ``(k, E, n, n, n)``."""
+        return jnp.asarray(f(self.x[0], self.x[1], self.x[2]))
+
+    def integrate(self, u):
+        """∫ u dx with the GLL rule (u an E-vector, each element integrated once)."""
+        return jnp.sum(self.bmass * u)
+
+    def norm(self, u):
+        """L2 norm √∫|u|² with the GLL rule; ``u: (..., E, n, n, n)``."""
+        return jnp.sqrt(jnp.sum(self.bmass * u * u))
+
+
+def discretize(
+    mesh: Mesh,
+    quadrature: str = "gll",
+    dirichlet: bool = True,
+    gs_layout: str = "segment",
+    dtype=jnp.float64,
+    q: int | None = None,
+) -> SEM:
+    """Number, measure and plan a mesh.
+
+    Args:
+      mesh: a :class:`jaxsem.mesh.Mesh`.
+      quadrature: ``"gll"`` (collocated, q = N + 1) or ``"gauss"`` (q = N + 2).
+      dirichlet: zero Dirichlet conditions on every boundary face (else Neumann).
+      gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`.
+      dtype: ``jnp.float64`` (default) or ``jnp.float32``.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    if quadrature not in ("gll", "gauss"):
+        raise ValueError(f"quadrature must be 'gll' or 'gauss', got {quadrature!r}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.float32, jnp.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    numbering = number_nodes(mesh)
+    quad = geo.quadrature(mesh.order, quadrature, q)
+    x = jnp.asarray(mesh.x, dtype=jnp.float64)
+    geom = geo.geometric_factors(x, quad)
+    gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
+    mask = np.ones(numbering.gid.shape)
+    if dirichlet:
+        mask[numbering.boundary_nodes()] = 0.0
+    cast = lambda a: jnp.asarray(a, dtype)
+    return SEM(
+        x=cast(x),
+        D=cast(geo.quadrature(mesh.order, "gll").Dt),
+        J=cast(quad.J),
+        Dt=cast(quad.Dt),
+        geom=jax.tree_util.tree_map(cast, geom),
+        gs=make_gs(numbering.gid, numbering.num_global, gs_layout, dtype),
+        mask=cast(mask),
+        bmass=cast(gll.B),
+        order=mesh.order,
+        quadrature=quadrature,
+        num_global=numbering.num_global,
+    )

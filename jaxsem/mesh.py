@@ -1,0 +1,185 @@
+"""Hexahedral meshes: the box generator, smooth deformations, GLL node coordinates.
+
+A :class:`Mesh` is host-side static data (NumPy): element-to-vertex topology in
+lexicographic corner order, the coordinates of every element's GLL nodes, and
+the periodic face pairs the numbering must identify. Gmsh import lives in
+:mod:`jaxsem.gmsh` and returns the same :class:`Mesh`.
+
+Local conventions (used by numbering and geometry):
+
+* corner ``c = a + 2 b + 4 c3`` for reference corner ``(r, s, t) = (±1, ±1, ±1)``
+  with ``a, b, c3 ∈ {0, 1}`` (lexicographic, r fastest);
+* local faces ``0: r = -1, 1: r = +1, 2: s = -1, 3: s = +1, 4: t = -1, 5: t = +1``;
+* node arrays are ``[e, k, j, i]`` with i along r (fastest), j along s, k along t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from . import basis
+
+__all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "element_nodes"]
+
+# Local face f lies at r/s/t = (-1 if f even else +1) on axis FACE_AXIS[f].
+FACE_AXIS = (0, 0, 1, 1, 2, 2)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mesh:
+    """A conforming hexahedral spectral-element mesh (host-side, NumPy).
+
+    Attributes:
+      order: polynomial order N (n = N + 1 GLL points per direction).
+      cells: ``(E, 8)`` int64 vertex ids per element, lexicographic corners.
+      vertices: ``(V, 3)`` float64 vertex coordinates (topology only; the
+        geometry is ``x``).
+      x: ``(3, E, n, n, n)`` float64 coordinates of the GLL nodes, ``[c, e, k, j, i]``.
+      periodic_faces: ``(P, 4)`` int64 rows ``(e_a, f_a, e_b, f_b)``: face f_a of
+        element e_a is identified with face f_b of e_b, node (u, v) of one with
+        node (u, v) of the other in face-local order (a translation).
+      elements: element counts per axis for box meshes, else ``None``.
+      periodic: periodic flag per axis for box meshes.
+    """
+
+    order: int
+    cells: np.ndarray
+    vertices: np.ndarray
+    x: np.ndarray
+    periodic_faces: np.ndarray
+    elements: tuple | None = None
+    lengths: tuple | None = None
+    periodic: tuple = (False, False, False)
+    deform: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return self.order + 1
+
+    @property
+    def num_elements(self) -> int:
+        return int(self.cells.shape[0])
+
+    def __repr__(self):
+        shape = f"elements={self.elements}, " if self.elements else f"E={self.num_elements}, "
+        return f"Mesh({shape}order={self.order}, periodic={self.periodic}, deform={self.deform})"
+
+
+def _check_int_triple(value, name, lo=1):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value,) * 3
+    try:
+        vals = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of 3 ints, got {value!r}") from None
+    if len(vals) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in vals):
+        raise TypeError(f"{name} must be an int or a sequence of 3 ints, got {value!r}")
+    if any(v < lo for v in vals):
+        raise ValueError(f"{name} must be >= {lo} on every axis, got {vals}")
+    return tuple(int(v) for v in vals)
+
+
+def element_nodes(corner_xyz: np.ndarray, order: int, node_points=None) -> np.ndarray:
+    """Isoparametric GLL node coordinates from element geometry nodes.
+
+    ``corner_xyz: (E, m, m, m, 3)`` coordinates of the element's geometry nodes on
+    the equispaced reference points ``linspace(-1, 1, m)`` (m = 2 for hex8, 3 for
+    hex27), ``[e, k, j, i, c]``. Returns ``(3, E, n, n, n)``.
+    """
+    m = corner_xyz.shape[1]
+    ref = np.linspace(-1.0, 1.0, m) if node_points is None else node_points
+    xg, _ = basis.gll_points(order)
+    J = basis.lagrange_matrix(ref, xg)  # (n, m)
+    return np.einsum("ck,bj,ai,ekjid->decba", J, J, J, corner_xyz, optimize=True)
+
+
+def deform_box(x: np.ndarray, amplitude: float, lengths, origin=(0.0, 0.0, 0.0)) -> np.ndarray:
+    """Smooth interior deformation of a box that keeps its faces fixed.
+
+    x_c ← x_c + a·L_c·sin(πξ) sin(πη) sin(πζ), with ξ, η, ζ the coordinates
+    scaled to [0, 1]. The Jacobian determinant stays ≥ 1 − 1.16·π·|a| > 0 for
+    |a| < 0.27, and the map is not trilinear, so elements are genuinely curved.
+    Being zero on the boundary, it keeps periodic faces translates of each other.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    s = np.ones_like(x[0])
+    for d in range(3):
+        s = s * np.sin(np.pi * (x[d] - origin[d]) / lengths[d])
+    return np.stack([x[d] + amplitude * lengths[d] * s for d in range(3)])
+
+
+def box_mesh(
+    elements=(2, 2, 2),
+    order: int = 4,
+    lengths=(1.0, 1.0, 1.0),
+    periodic=(False, False, False),
+    deform: float = 0.0,
+    origin=(0.0, 0.0, 0.0),
+    mapping: Callable | None = None,
+) -> Mesh:
+    """A tensor-product box mesh of hexahedra, optionally periodic and curved.
+
+    Args:
+      elements: element counts ``(Ex, Ey, Ez)`` (or one int for all axes), each ≥ 1.
+      order: polynomial order N, 1 ≤ N ≤ 20.
+      lengths: box side lengths ``(Lx, Ly, Lz)`` > 0.
+      periodic: per-axis periodic flags.
+      deform: amplitude a of :func:`deform_box` (0 = affine elements), |a| < 0.27.
+      origin: the box's lower corner.
+      mapping: optional ``f(x) -> x'`` applied to the ``(3, ...)`` GLL node
+        coordinates after the deformation (must keep periodic faces translates).
+
+    Returns a :class:`Mesh` whose elements are ordered x fastest, then y, then z.
+    """
+    ne = _check_int_triple(elements, "elements")
+    order = basis._check_order(order)
+    try:
+        L = tuple(float(v) for v in lengths)
+    except TypeError:
+        raise TypeError(f"lengths must be a sequence of 3 numbers, got {lengths!r}") from None
+    if len(L) != 3 or not all(np.isfinite(v) and v > 0 for v in L):
+        raise ValueError(f"lengths must be 3 positive numbers, got {lengths!r}")
+    per = tuple(bool(p) for p in (periodic if not isinstance(periodic, bool) else (periodic,) * 3))
+    if len(per) != 3:
+        raise ValueError(f"periodic must have 3 flags, got {periodic!r}")
+    deform = float(deform)
+    if not abs(deform) < 0.27:
+        raise ValueError(f"deform must satisfy |deform| < 0.27 (keeps the Jacobian positive), got {deform}")
+    origin = tuple(float(v) for v in origin)
+
+    nx, ny, nz = ne
+    # Vertices: the full (nx+1)(ny+1)(nz+1) grid; periodicity is a numbering concern.
+    vid = np.arange((nx + 1) * (ny + 1) * (nz + 1)).reshape(nz + 1, ny + 1, nx + 1)
+    gx = [origin[d] + np.linspace(0.0, L[d], ne[d] + 1) for d in range(3)]
+    vz, vy, vx = np.meshgrid(gx[2], gx[1], gx[0], indexing="ij")
+    vertices = np.stack([vx.ravel(), vy.ravel(), vz.ravel()], axis=1)
+
+    ez, ey, ex = np.meshgrid(np.arange(nz), np.arange(ny), np.arange(nx), indexing="ij")
+    ex, ey, ez = ex.ravel(), ey.ravel(), ez.ravel()
+    cells = np.stack(
+        [vid[ez + c3, ey + b, ex + a] for c3 in (0, 1) for b in (0, 1) for a in (0, 1)], axis=1
+    ).astype(np.int64)
+
+    corner_xyz = vertices[cells].reshape(-1, 2, 2, 2, 3)
+    x = element_nodes(corner_xyz, order)
+    if deform:
+        x = deform_box(x, deform, L, origin)
+    if mapping is not None:
+        x = np.asarray(mapping(x), dtype=np.float64)
+        if x.shape != (3, ex.size, order + 1, order + 1, order + 1):
+            raise ValueError(f"mapping must return an array of shape (3, E, n, n, n), got {x.shape}")
+
+    eid = np.arange(ex.size).reshape(nz, ny, nx)
+    pairs = []
+    for axis, (count, is_per) in enumerate(zip(ne, per)):
+        if not is_per:
+            continue
+        # Face 2*axis (low side) of the first layer ↔ face 2*axis+1 of the last layer.
+        lo = np.take(eid, 0, axis=2 - axis).ravel()
+        hi = np.take(eid, count - 1, axis=2 - axis).ravel()
+        pairs.append(np.stack([hi, np.full_like(hi, 2 * axis + 1), lo, np.full_like(lo, 2 * axis)], 1))
+    periodic_faces = np.concatenate(pairs).astype(np.int64) if pairs else np.zeros((0, 4), np.int64)
+    return Mesh(order, cells, vertices, x, periodic_faces, ne, L, per, deform)

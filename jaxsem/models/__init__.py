@@ -1,0 +1,1 @@
+"""Problems built from the library's layers."""

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Install jaxsem into ./.venv and run the whole test suite:
+#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi  [extra args]
+#   2. MPI tests         mpirun -n 2 / -n 4 python -m pytest tests/mpi
+#   3. notebooks         python -m pytest --nbmake notebooks/   (if any exist)
+#
+# Usage (from anywhere):   bash tests/run.sh [extra pytest args for the serial stage]
+# Needs only Python >= 3.11 (with venv) and a C compiler; MPI (MPICH), mpi4py and
+# mpi4jax come from PyPI into the venv. A second run skips what is installed.
+# Environment: PYTHON=python3.12 picks the interpreter for a new .venv.
+# Exit status: non-zero if the install or any stage fails (all stages still run).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+header() { printf '\n==================== %s ====================\n' "$*"; }
+die() { printf 'tests/run.sh: error: %s\n' "$*" >&2; exit 1; }
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# ---------------------------------------------------------------- install
+if [[ ! -x "$PY" ]]; then
+    header "creating .venv"
+    BASE=""
+    for cand in ${PYTHON:-} python3 python3.13 python3.12 python3.11; do
+        if command -v "$cand" >/dev/null 2>&1 &&
+            "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            BASE="$cand"
+            break
+        fi
+    done
+    [[ -n "$BASE" ]] || die "need Python >= 3.11 (set PYTHON=/path/to/python3.x)"
+    echo "using $(command -v "$BASE") ($("$BASE" --version 2>&1))"
+    "$BASE" -m venv "$VENV" ||
+        die "python -m venv failed (on Debian/Ubuntu: apt install python3-venv); remove .venv and retry"
+fi
+"$PY" -c 'import sys' 2>/dev/null ||
+    die ".venv is broken (moved or its Python removed): delete $VENV and run again"
+
+# The editable install is redone whenever pyproject.toml changes.
+STAMP="$VENV/.jaxsem-install-stamp"
+WANT="$("$PY" - <<'EOF'
+import hashlib, sys
+print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest(), sys.version.split()[0])
+EOF
+)"
+if [[ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]] ||
+    ! "$PY" -c 'import importlib.metadata as m; m.distribution("jaxsem")' 2>/dev/null; then
+    header "installing jaxsem[test,notebooks] (editable)"
+    "$PY" -m pip install --upgrade pip
+    "$PY" -m pip install -e '.[test,notebooks]'
+    echo "$WANT" >"$STAMP"
+else
+    echo "jaxsem[test,notebooks] already installed in .venv"
+fi
+
+if [[ -x "$VENV/bin/mpirun" && -x "$VENV/bin/mpicc" ]] && "$PY" - 2>/dev/null <<'EOF'
+import importlib.metadata as m
+import mpi4py, nanobind, wheel  # noqa: F401
+assert int(m.version("setuptools").split(".")[0]) >= 82
+EOF
+then
+    echo "mpich, mpi4py, nanobind, setuptools>=82, wheel already installed in .venv"
+else
+    header "installing MPI (mpich, mpi4py) and mpi4jax build tools"
+    "$PY" -m pip install mpich mpi4py nanobind 'setuptools>=82' wheel
+fi
+
+# mpi4jax is an sdist: build it against this venv's jax and MPICH, CPU only
+# (CUDA_PATH=/dev/null keeps a stray nvcc from triggering the CUDA part).
+if "$PY" -c 'import mpi4jax' 2>/dev/null; then
+    echo "mpi4jax already installed in .venv"
+else
+    header "building mpi4jax"
+    CUDA_PATH=/dev/null MPI4JAX_BUILD_MPICC="$VENV/bin/mpicc" \
+        "$PY" -m pip install --no-cache-dir --no-build-isolation mpi4jax
+fi
+
+# ---------------------------------------------------------------- tests
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
+export JAX_PLATFORMS=cpu
+unset PYTHONPATH
+"$PY" - <<'EOF'
+import sys, jax, mpi4py, mpi4jax
+print(f"python {sys.version.split()[0]}, jax {jax.__version__}, "
+      f"mpi4py {mpi4py.__version__}, mpi4jax {mpi4jax.__version__}")
+EOF
+
+FAILED=()
+run_stage() { # run_stage NAME CMD...: run, record a failure, keep going
+    local name="$1"
+    shift
+    header "$name"
+    local rc=0
+    "$@" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "---- $name: FAILED (exit $rc)"
+        FAILED+=("$name (exit $rc)")
+    fi
+}
+
+# Under mpirun, rank 0 prints pytest's output; the other ranks write theirs to a
+# log that is shown only if that rank fails. Any rank's failure fails mpirun.
+MPI_LOGS="$(mktemp -d)"
+trap 'rm -rf "$MPI_LOGS"' EXIT
+mpi_pytest() { # mpi_pytest NPROCS
+    local n="$1" rc=0
+    rm -f "$MPI_LOGS"/*
+    local runner=()
+    command -v timeout >/dev/null 2>&1 && runner=(timeout --signal=KILL 900)
+    ${runner[@]+"${runner[@]}"} "$VENV/bin/mpirun" -n "$n" bash -c '
+        logs="$1"
+        rank="${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}"
+        cmd=("$0" -m pytest tests/mpi -q -p no:cacheprovider)
+        [[ "$rank" == 0 ]] && exec "${cmd[@]}"
+        "${cmd[@]}" >"$logs/rank$rank.log" 2>&1 || { rc=$?; touch "$logs/rank$rank.failed"; exit $rc; }
+    ' "$PY" "$MPI_LOGS" || rc=$?
+    local mark
+    for mark in "$MPI_LOGS"/rank*.failed; do
+        [[ -e "$mark" ]] || continue
+        echo "---- output of $(basename "$mark" .failed) (failed):"
+        cat "${mark%.failed}.log"
+    done
+    return $rc
+}
+
+run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi "$@"
+run_stage "MPI tests, mpirun -n 2" mpi_pytest 2
+run_stage "MPI tests, mpirun -n 4" mpi_pytest 4
+
+shopt -s nullglob
+notebooks=(notebooks/*.ipynb)
+shopt -u nullglob
+if ((${#notebooks[@]})); then
+    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks/
+else
+    header "notebooks"
+    echo "no notebooks/*.ipynb: skipped"
+fi
+
+header "summary"
+if ((${#FAILED[@]})); then
+    printf 'FAILED: %s\n' "${FAILED[@]}"
+    exit 1
+fi
+echo "all stages passed"
