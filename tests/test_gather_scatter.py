@@ -1,0 +1,56 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsem.gather_scatter import LAYOUTS, gs_apply, make_gs
+from jaxsem.mesh import box_mesh
+from jaxsem.numbering import number_nodes
+
+
+@pytest.fixture(scope="module")
+def numbering():
+    return number_nodes(box_mesh((3, 2, 2), 3, periodic=(True, False, False)))
+
+
+def _reference(gid, u):
+    s = np.zeros(gid.max() + 1)
+    np.add.at(s, gid.ravel(), u.ravel())
+    return s[gid]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_equal_reference(numbering, layout):
+    plan = make_gs(numbering.gid, numbering.num_global, layout)
+    u = np.random.default_rng(1).standard_normal(numbering.gid.shape)
+    np.testing.assert_allclose(gs_apply(plan, jnp.asarray(u)), _reference(numbering.gid, u), rtol=1e-14, atol=1e-14)
+    # vector form: one gs per component
+    v = np.random.default_rng(2).standard_normal((3,) + numbering.gid.shape)
+    out = gs_apply(plan, jnp.asarray(v))
+    for c in range(3):
+        np.testing.assert_allclose(out[c], _reference(numbering.gid, v[c]), rtol=1e-14, atol=1e-14)
+
+
+def test_multiplicity(numbering):
+    plan = make_gs(numbering.gid, numbering.num_global)
+    counts = gs_apply(plan, jnp.ones(numbering.gid.shape))
+    np.testing.assert_allclose(plan.mult * counts, 1.0)
+    # interior corner nodes are shared by 8 elements at most, element interiors by 1
+    assert float(counts.max()) == 8.0 and float(counts.min()) == 1.0
+
+
+def test_gs_is_symmetric_and_its_own_transpose(numbering):
+    plan = make_gs(numbering.gid, numbering.num_global, "padded")
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    u = jax.random.normal(k1, numbering.gid.shape)
+    v = jax.random.normal(k2, numbering.gid.shape)
+    lhs = jnp.vdot(v, gs_apply(plan, u))
+    rhs = jnp.vdot(gs_apply(plan, v), u)
+    assert abs(float(lhs - rhs)) < 1e-12 * abs(float(lhs))
+    _, vjp = jax.vjp(lambda a: gs_apply(plan, a), u)
+    np.testing.assert_allclose(vjp(v)[0], gs_apply(plan, v), rtol=1e-13, atol=1e-13)
+
+
+def test_bad_layout(numbering):
+    with pytest.raises(ValueError, match="layout"):
+        make_gs(numbering.gid, numbering.num_global, "fast")

@@ -1,0 +1,300 @@
+"""Gmsh import: corner orders, hex27 node order, rotated elements, errors."""
+
+import itertools
+
+import meshio
+import numpy as np
+import pytest
+
+import jaxsem  # noqa: F401  (enables x64)
+from jaxsem import basis
+from jaxsem.geometry import geometric_factors, quadrature
+from jaxsem.gmsh import read_gmsh
+from jaxsem.mesh import box_mesh, element_nodes
+from jaxsem.numbering import FACE_CORNERS, number_nodes
+
+# Lexicographic corner c = a + 2b + 4c3 → VTK/meshio hexahedron corner (independent
+# of the table in jaxsem.gmsh: VTK corners go counter-clockwise around t = -1, then t = +1).
+LEX_TO_VTK8 = np.array([0, 1, 3, 2, 4, 5, 7, 6])
+CORNER_SIGN = np.array([[2 * (c & 1) - 1, 2 * ((c >> 1) & 1) - 1, 2 * ((c >> 2) & 1) - 1] for c in range(8)])
+
+
+def _rotations():
+    """The 24 proper rotations of the cube as signed permutation matrices (det +1)."""
+    out = []
+    for p in itertools.permutations(range(3)):
+        for s in itertools.product((-1, 1), repeat=3):
+            R = np.zeros((3, 3), dtype=np.int64)
+            R[np.arange(3), p] = s
+            if round(np.linalg.det(R)) == 1:
+                out.append(R)
+    assert len(out) == 24
+    return out
+
+
+ROTATIONS = _rotations()
+
+
+def _corner_of(sign):
+    a, b, c3 = (np.asarray(sign) + 1) // 2
+    return int(a + 2 * b + 4 * c3)
+
+
+def _corner_perm(R):
+    """new corner c' takes old corner perm[c'] (the one at reference point R·s(c'))."""
+    return np.array([_corner_of(R @ CORNER_SIGN[c]) for c in range(8)])
+
+
+def _rotate_nodes(x_e, R):
+    """GLL nodes (3, n, n, n) of the element re-parametrized as ξ ↦ x(Rξ)."""
+    N = x_e.shape[-1] - 1
+    k, j, i = np.meshgrid(*(np.arange(N + 1),) * 3, indexing="ij")
+    ijk = np.stack([i, j, k])  # (3, n, n, n), index along r, s, t
+    src = np.empty_like(ijk)
+    for a in range(3):
+        b = int(np.nonzero(R[a])[0][0])
+        src[a] = ijk[b] if R[a, b] > 0 else N - ijk[b]
+    return x_e[:, src[2], src[1], src[0]]
+
+
+def _msh(points, cells):
+    """meshio.Mesh with Gmsh physical/geometrical tags (1) on every block."""
+    tags = [np.ones(len(c[1]), dtype=int) for c in cells]
+    return meshio.Mesh(points, cells, cell_data={"gmsh:physical": tags, "gmsh:geometrical": tags})
+
+
+def _write_hex8(path, points, cells_lex, fmt, extra=None):
+    cells = [("hexahedron", cells_lex[:, LEX_TO_VTK8])] + (extra or [])
+    meshio.write(path, _msh(points, cells), file_format=fmt, binary=False)
+
+
+def _square_symmetries():
+    """The 8 symmetries of a face as permutations of its corners q = u + 2v."""
+    out = set()
+    for swap, fu, fv in itertools.product((0, 1), repeat=3):
+        perm = []
+        for q in range(4):
+            u, v = q & 1, q >> 1
+            u, v = (v, u) if swap else (u, v)
+            perm.append((u ^ fu) + 2 * (v ^ fv))
+        out.add(tuple(perm))
+    assert len(out) == 8
+    return out
+
+
+SQUARE_SYMMETRIES = _square_symmetries()
+
+
+def _face_orientation(g1, g2):
+    """Relative orientation of a shared face: position in g2 of each corner of g1."""
+    return tuple(int(np.nonzero(g2 == v)[0][0]) for v in g1)
+
+
+def _rotated_file(tmp_path, ne, order, fmt, seed, perturb=0.0):
+    """Write a box mesh with rotated, shuffled elements and permuted vertex ids."""
+    rng = np.random.default_rng(seed)
+    box = box_mesh(ne, order=order)
+    verts = box.vertices.copy()
+    if perturb:
+        interior = np.all((verts > 1e-12) & (verts < 1 - 1e-12), axis=1)
+        verts[interior] += perturb * rng.uniform(-1, 1, (int(interior.sum()), 3))
+        box = box.__class__(order, box.cells, verts, element_nodes(verts[box.cells].reshape(-1, 2, 2, 2, 3), order),
+                            box.periodic_faces, box.elements)
+    E, V = box.num_elements, len(verts)
+    eorder = rng.permutation(E)  # file element e' is box element eorder[e']
+    rot = rng.permutation(24)[:E] if E <= 24 else rng.integers(0, 24, E)
+    vperm = rng.permutation(V + 3)[:V]  # box vertex v → file node id vperm[v] (3 stray nodes)
+    points = rng.uniform(-5, 5, (V + 3, 3))
+    points[vperm] = verts
+    cells = np.stack([vperm[box.cells[eorder[e]][_corner_perm(ROTATIONS[rot[e]])]] for e in range(E)])
+    # Boundary quads and lines: lower-dimensional cells the reader must ignore (meshio's
+    # gmsh 4.1 writer needs entity tags for several cell types, so only in gmsh22).
+    quads = vperm[box.cells[:, FACE_CORNERS[0]][:, [0, 1, 3, 2]]]
+    extra = [("quad", quads), ("line", quads[:, :2])] if fmt == "gmsh22" else None
+    path = tmp_path / f"rot_{fmt}_{seed}.msh"
+    _write_hex8(str(path), points, cells, fmt, extra)
+    return path, box, eorder, rot, cells
+
+
+@pytest.mark.parametrize("fmt,perturb", [("gmsh22", 0.0), ("gmsh", 0.0), ("gmsh22", 0.08)])
+def test_rotated_elements_number_like_box(tmp_path, fmt, perturb):
+    ne, N = (3, 2, 2), 4
+    path, box, eorder, rot, file_cells = _rotated_file(tmp_path, ne, N, fmt, seed=2, perturb=perturb)
+    mesh = read_gmsh(path, order=N)
+    E = box.num_elements
+    assert mesh.x.shape == (3, E, N + 1, N + 1, N + 1)
+    assert mesh.vertices.shape == box.vertices.shape  # stray nodes dropped, ids compact
+    assert mesh.cells.min() == 0 and mesh.cells.max() == len(box.vertices) - 1
+
+    # Geometry: each element is the box element re-parametrized by its rotation.
+    expect = np.stack([_rotate_nodes(box.x[:, eorder[e]], ROTATIONS[rot[e]]) for e in range(E)], axis=1)
+    assert np.max(np.abs(mesh.x - expect)) <= 1e-13
+
+    # Same global node count, and the same partition of physical points.
+    nb, nr = number_nodes(box), number_nodes(mesh)
+    assert nb.num_global == nr.num_global == np.prod([n * N + 1 for n in ne])
+    lookup = {}
+    for key, g in zip(map(tuple, np.round(box.x.reshape(3, -1).T, 9)), nb.gid.ravel()):
+        assert lookup.setdefault(key, g) == g  # box numbering: one id per point
+    assert len(lookup) == nb.num_global
+    g_box = np.array([lookup[key] for key in map(tuple, np.round(mesh.x.reshape(3, -1).T, 9))])
+    pairs = np.unique(np.stack([nr.gid.ravel(), g_box], 1), axis=0)
+    assert len(pairs) == nr.num_global  # read id ↔ box id is a bijection
+
+    # Positive Jacobians and the same volume.
+    quad = quadrature(N)
+    vol_box = float(np.sum(geometric_factors(box.x, quad).B))
+    geo = geometric_factors(mesh.x, quad)
+    assert float(np.min(geo.jac)) > 0
+    assert abs(float(np.sum(geo.B)) - vol_box) <= 1e-13
+    assert abs(vol_box - 1.0) <= 1e-13
+
+    # Shared faces meet in all 8 relative orientations.
+    faces = {}
+    for e in range(E):
+        for f in range(6):
+            g = file_cells[e, FACE_CORNERS[f]]
+            faces.setdefault(tuple(sorted(g)), []).append(g)
+    shared = [v for v in faces.values() if len(v) == 2]
+    assert len(shared) == 20  # (3,2,2): 8 + 6 + 6 interior faces
+    orients = {_face_orientation(g1, g2) for g1, g2 in shared}
+    assert orients == SQUARE_SYMMETRIES
+
+
+def test_binary_gmsh22(tmp_path):
+    box = box_mesh((2, 1, 1), order=2)
+    path = str(tmp_path / "bin.msh")
+    meshio.write(path, _msh(box.vertices, [("hexahedron", box.cells[:, LEX_TO_VTK8])]),
+                 file_format="gmsh22", binary=True)
+    mesh = read_gmsh(path, 3)
+    assert np.array_equal(mesh.cells, box.cells)
+    assert np.max(np.abs(mesh.x - box_mesh((2, 1, 1), order=3).x)) <= 1e-14
+
+
+# Gmsh's own hex27 node order (gmsh manual, "Node ordering"), as reference points:
+# corners; edges (0,1) (0,3) (0,4) (1,2) (1,5) (2,3) (2,6) (3,7) (4,5) (4,7) (5,6) (6,7);
+# faces (0,1,2,3) (0,1,5,4) (0,3,7,4) (1,2,6,5) (2,3,7,6) (4,5,6,7); centre.
+_GMSH27_CORNER = [[-1, -1, -1], [1, -1, -1], [1, 1, -1], [-1, 1, -1], [-1, -1, 1], [1, -1, 1], [1, 1, 1], [-1, 1, 1]]
+_GMSH27_EDGES = [(0, 1), (0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (2, 6), (3, 7), (4, 5), (4, 7), (5, 6), (6, 7)]
+_GMSH27_FACES = [(0, 1, 2, 3), (0, 1, 5, 4), (0, 3, 7, 4), (1, 2, 6, 5), (2, 3, 7, 6), (4, 5, 6, 7)]
+GMSH27_REF = np.array(
+    _GMSH27_CORNER
+    + [np.add(_GMSH27_CORNER[a], _GMSH27_CORNER[b]) // 2 for a, b in _GMSH27_EDGES]
+    + [np.sum([_GMSH27_CORNER[c] for c in f], axis=0) // 4 for f in _GMSH27_FACES]
+    + [[0, 0, 0]]
+)
+
+
+def _curve(p):
+    x, y, z = p[..., 0], p[..., 1], p[..., 2]
+    s = 0.05 * np.sin(np.pi * x) * np.sin(np.pi * y) * np.sin(np.pi * z)
+    return np.stack([x + s + 0.1 * y * y, y + s + 0.08 * z * x, z + s + 0.1 * np.sin(x)], axis=-1)
+
+
+def _write_hex27_native(path, ne):
+    """Hand-written Gmsh 2.2 ASCII file of curved hex27 elements in Gmsh's node order."""
+    nx, ny, nz = ne
+    gid = np.arange((2 * nx + 1) * (2 * ny + 1) * (2 * nz + 1)).reshape(2 * nz + 1, 2 * ny + 1, 2 * nx + 1)
+    gz, gy, gx = np.meshgrid(*(np.linspace(0, 1, 2 * n + 1) for n in (nz, ny, nx)), indexing="ij")
+    pts = _curve(np.stack([gx.ravel(), gy.ravel(), gz.ravel()], 1))
+    elems, lex_nodes = [], []
+    for ez, ey, ex in itertools.product(range(nz), range(ny), range(nx)):
+        node = lambda r, s, t: gid[2 * ez + 1 + t, 2 * ey + 1 + s, 2 * ex + 1 + r]  # noqa: E731
+        elems.append([node(*p) for p in GMSH27_REF])
+        lex_nodes.append([node(r, s, t) for t in (-1, 0, 1) for s in (-1, 0, 1) for r in (-1, 0, 1)])
+    lines = ["$MeshFormat", "2.2 0 8", "$EndMeshFormat", "$Nodes", str(len(pts))]
+    lines += [f"{i + 1} {float(p[0])!r} {float(p[1])!r} {float(p[2])!r}" for i, p in enumerate(pts)]
+    lines += ["$EndNodes", "$Elements", str(len(elems))]
+    lines += [f"{i + 1} 12 2 1 1 " + " ".join(str(v + 1) for v in el) for i, el in enumerate(elems)]
+    lines += ["$EndElements", ""]
+    path.write_text("\n".join(lines))
+    return pts, np.array(lex_nodes)
+
+
+def _quadratic_volumes(nodes):
+    """Per-element volume of the triquadratic map on (-1, 0, 1), Gauss 6³ (exact)."""
+    xq, wq = np.polynomial.legendre.leggauss(6)
+    L = np.stack([xq * (xq - 1) / 2, 1 - xq * xq, xq * (xq + 1) / 2], 1)  # (q, 3)
+    dL = np.stack([xq - 0.5, -2 * xq, xq + 0.5], 1)
+    X = nodes.reshape(-1, 3, 3, 3, 3)  # [e, t, s, r, c]
+    xr = np.einsum("Ct,Bs,Ar,etsrc->eCBAc", L, L, dL, X)
+    xs = np.einsum("Ct,Bs,Ar,etsrc->eCBAc", L, dL, L, X)
+    xt = np.einsum("Ct,Bs,Ar,etsrc->eCBAc", dL, L, L, X)
+    det = np.einsum("...c,...c->...", xr, np.cross(xs, xt))
+    return np.einsum("eCBA,C,B,A->e", det, wq, wq, wq)
+
+
+def test_hex27_curved(tmp_path):
+    ne = (2, 2, 1)
+    path = tmp_path / "curved27.msh"
+    pts, lex_nodes = _write_hex27_native(path, ne)
+    m2 = read_gmsh(path, order=2)  # GLL points of order 2 are -1, 0, 1
+    expect = np.moveaxis(pts[lex_nodes].reshape(-1, 3, 3, 3, 3), -1, 0)
+    assert np.max(np.abs(m2.x - expect)) <= 1e-14
+    assert m2.vertices.shape == (np.prod([n + 1 for n in ne]), 3)
+    assert number_nodes(m2).num_global == np.prod([2 * n + 1 for n in ne])
+
+    # The same file through meshio's writer (meshio node order) and gmsh 4.1 reads the same.
+    msh = meshio.read(path)
+    path41 = tmp_path / "curved27_41.msh"
+    meshio.write(path41, msh, file_format="gmsh", binary=False)
+    assert np.max(np.abs(read_gmsh(path41, order=2).x - m2.x)) <= 1e-14
+
+    m5 = read_gmsh(path, order=5)
+    B = np.asarray(geometric_factors(m5.x, quadrature(5)).B)
+    ref = _quadratic_volumes(pts[lex_nodes])
+    assert np.max(np.abs(B.sum(axis=(1, 2, 3)) - ref)) <= 1e-12
+    assert abs(B.sum() - ref.sum()) <= 1e-12
+
+
+def test_mirrored_element_raises(tmp_path):
+    box = box_mesh((2, 2, 1), order=2)
+    cells = box.cells.copy()
+    cells[3] = cells[3][[1, 0, 3, 2, 5, 4, 7, 6]]  # reflection r → -r
+    path = str(tmp_path / "mirror.msh")
+    _write_hex8(path, box.vertices, cells, "gmsh22")
+    mesh = read_gmsh(path, order=3)
+    assert number_nodes(mesh).num_global == 7 * 7 * 4
+    with pytest.raises(ValueError, match=r"element 3\b"):
+        geometric_factors(mesh.x, quadrature(3))
+
+
+def test_unsupported_cells_and_order(tmp_path):
+    pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1.0]])
+    tet = str(tmp_path / "tet.msh")
+    meshio.write(tet, _msh(pts, [("tetra", np.array([[0, 1, 2, 3], [1, 2, 3, 4]]))]), file_format="gmsh22")
+    with pytest.raises(ValueError, match="tetra"):
+        read_gmsh(tet, order=2)
+
+    quad = str(tmp_path / "quad.msh")
+    meshio.write(quad, _msh(pts, [("quad", np.array([[0, 1, 4, 2]]))]), file_format="gmsh22")
+    with pytest.raises(ValueError, match="no hexahedra"):
+        read_gmsh(quad, order=2)
+
+    box = box_mesh((2, 1, 1), order=1)
+    hexes = box.cells[:, LEX_TO_VTK8]
+    wedge = np.array([[0, 1, 3, 4, 5, 7]])
+    both = str(tmp_path / "hexwedge.msh")
+    meshio.write(both, _msh(box.vertices, [("hexahedron", hexes), ("wedge", wedge)]), file_format="gmsh22")
+    with pytest.raises(ValueError, match="wedge"):
+        read_gmsh(both, order=2)
+
+    good = str(tmp_path / "good.msh")
+    _write_hex8(good, box.vertices, box.cells, "gmsh22")
+    with pytest.raises(ValueError, match="order"):
+        read_gmsh(good, order=0)
+    with pytest.raises(ValueError, match="order"):
+        read_gmsh(good, order=basis.MAX_ORDER + 1)
+    with pytest.raises(TypeError, match="order"):
+        read_gmsh(good, order=2.0)
+
+
+def test_mixed_hex8_hex27_raises(tmp_path):
+    path = tmp_path / "mixed.msh"
+    pts, _ = _write_hex27_native(path, (1, 1, 1))
+    msh = meshio.read(path)
+    h27 = msh.cells_dict["hexahedron27"]
+    mixed = str(tmp_path / "mixed2.msh")
+    meshio.write(mixed, _msh(pts, [("hexahedron27", h27), ("hexahedron", h27[:, :8])]), file_format="gmsh22")
+    with pytest.raises(ValueError, match="mixed"):
+        read_gmsh(mixed, order=2)

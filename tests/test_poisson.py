@@ -1,0 +1,82 @@
+"""BP1–BP6 solved against manufactured solutions: p- and h-convergence."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsem.discretization import discretize
+from jaxsem.mesh import box_mesh
+from jaxsem.models import poisson
+
+
+def _solve_bp(bp, elements, order, deform=0.1):
+    sem = poisson.bp_discretize(box_mesh(elements, order, deform=deform), bp)
+    ms = poisson.manufactured(bp)
+    h1, h2 = poisson.coefficients(bp)
+    u, info = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=1e-13, maxiter=2000))(sem)
+    assert bool(info.converged)
+    return poisson.relative_errors(sem, u, ms.u)
+
+
+@pytest.mark.parametrize("bp", [1, 2, 3, 4, 5, 6])
+def test_exponential_convergence_in_p(bp):
+    orders = [2, 4, 6, 8]
+    errs = np.array([_solve_bp(bp, (2, 2, 2), p)[0] for p in orders])
+    # spectral: each +2 in p gains at least a factor 10, reaching ≤ 1e-4 at p = 8
+    ratios = errs[1:] / errs[:-1]
+    assert np.all(ratios < 0.1), errs
+    assert errs[-1] < 1e-4, errs
+    # exponential, not algebraic: the gain per step does not shrink as p grows
+    # (for an algebraic rate e ~ p^-s the ratios would creep up towards 1)
+    assert np.all(np.diff(ratios) < 0.01), ratios
+
+
+@pytest.mark.parametrize("bp, order", [(5, 2), (3, 3), (1, 2), (6, 2)])
+def test_algebraic_rate_p_plus_1_in_h(bp, order):
+    hs = [2, 4, 8] if order == 2 else [2, 4, 6]
+    errs = np.array([_solve_bp(bp, (m, m, m), order)[0] for m in hs])
+    rates = np.log(errs[:-1] / errs[1:]) / np.log(np.array(hs[1:]) / np.array(hs[:-1]))
+    assert abs(rates[-1] - (order + 1)) < 0.35, rates
+
+
+def test_neumann_helmholtz_converges():
+    # -Δu + u = f with ∂u/∂n = 0: u = cos(πx)cos(πy)cos(πz) on the unit box
+    u_ex = lambda x, y, z: jnp.cos(jnp.pi * x) * jnp.cos(jnp.pi * y) * jnp.cos(jnp.pi * z)
+    f = lambda x, y, z: (3 * jnp.pi**2 + 1) * u_ex(x, y, z)
+    errs = []
+    for p in (2, 4, 6):
+        sem = discretize(box_mesh((2, 2, 2), p, deform=0.1), quadrature="gauss", dirichlet=False)
+        u, info = poisson.solve(sem, f, 1.0, 1.0, tol=1e-13)
+        assert bool(info.converged)
+        errs.append(poisson.relative_errors(sem, u, u_ex)[0])
+    assert errs[1] / errs[0] < 0.05 and errs[2] / errs[1] < 0.05 and errs[2] < 1e-4, errs
+
+
+def test_periodic_poisson():
+    # Periodic in x and y, Dirichlet in z: u = sin(2πx) cos(2πy) sin(πz)
+    u_ex = lambda x, y, z: jnp.sin(2 * jnp.pi * x) * jnp.cos(2 * jnp.pi * y) * jnp.sin(jnp.pi * z)
+    f = lambda x, y, z: 9 * jnp.pi**2 * u_ex(x, y, z)
+    errs = []
+    for p in (4, 6):
+        sem = discretize(box_mesh((2, 2, 2), p, periodic=(True, True, False), deform=0.05), quadrature="gll")
+        u, info = poisson.solve(sem, f, tol=1e-13)
+        assert bool(info.converged)
+        errs.append(poisson.relative_errors(sem, u, u_ex)[0])
+    assert errs[1] / errs[0] < 0.05 and errs[1] < 1e-3, errs
+
+
+def test_float32_switch():
+    sem = poisson.bp_discretize(box_mesh((2, 2, 2), 4, deform=0.1), 5, dtype=jnp.float32)
+    assert sem.geom.G.dtype == jnp.float32
+    ms = poisson.manufactured(5)
+    u, info = poisson.solve(sem, ms.f, tol=1e-5)
+    assert u.dtype == jnp.float32 and bool(info.converged)
+    e32 = poisson.relative_errors(sem, u, ms.u)[0]
+    e64 = _solve_bp(5, (2, 2, 2), 4)[0]
+    assert abs(e32 - e64) < 1e-3 * e64 + 1e-5
+
+
+def test_bad_bp():
+    with pytest.raises(ValueError, match="bp"):
+        poisson.bp_discretize(box_mesh((1, 1, 1), 2), 7)
