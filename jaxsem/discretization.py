@@ -16,7 +16,7 @@ import numpy as np
 from . import geometry as geo
 from .gather_scatter import GatherScatter, gs_apply, make_gs
 from .mesh import Mesh
-from .numbering import number_nodes
+from .numbering import Numbering, number_nodes
 
 __all__ = ["SEM", "discretize"]
 
@@ -92,6 +92,7 @@ def discretize(
     gs_layout: str = "segment",
     dtype=jnp.float64,
     q: int | None = None,
+    numbering: Numbering | None = None,
 ) -> SEM:
     """Number, measure and plan a mesh.
 
@@ -101,6 +102,7 @@ def discretize(
       dirichlet: zero Dirichlet conditions on every boundary face (else Neumann).
       gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`.
       dtype: ``jnp.float64`` (default) or ``jnp.float32``.
+      numbering: a :class:`Numbering` of ``mesh`` to reuse (computed if None).
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -109,7 +111,10 @@ def discretize(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    numbering = number_nodes(mesh)
+    if numbering is None:
+        numbering = number_nodes(mesh)
+    elif numbering.gid.shape != (mesh.num_elements,) + (mesh.n,) * 3:
+        raise ValueError(f"numbering does not match the mesh: gid shape {numbering.gid.shape}")
     quad = geo.quadrature(mesh.order, quadrature, q)
     x = jnp.asarray(mesh.x, dtype=jnp.float64)
     geom = geo.geometric_factors(x, quad)

@@ -16,6 +16,7 @@ factors back to node coordinates (shape derivatives).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -112,16 +113,9 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
         n = quad.order + 1
         raise ValueError(f"x must have shape (3, E, {n}, {n}, {n}), got {tuple(x.shape)}")
     dt = x.dtype
-    J, Dt = jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt)
-    g = _grad_ref(x, J, Dt)  # g[a, d] = ∂x_d/∂r_a
-    xr, xs, xt = g[0], g[1], g[2]
-    cross = lambda a, b: jnp.stack(
-        [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
-    )
-    cst, ctr, crs = cross(xs, xt), cross(xt, xr), cross(xr, xs)
-    jac = jnp.sum(xr * cst, axis=0)
-    if check and not isinstance(jac, jax.core.Tracer):
-        jmin = np.asarray(jnp.min(jac.reshape(jac.shape[0], -1), axis=1))
+    geom = _factors(x, jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
+    if check and not isinstance(geom.jac, jax.core.Tracer):
+        jmin = np.asarray(jnp.min(geom.jac.reshape(geom.jac.shape[0], -1), axis=1))
         bad = np.nonzero(~(jmin > 0))[0]
         if bad.size:
             e = int(bad[0])
@@ -129,10 +123,21 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
                 f"element {e} is inverted or degenerate: min Jacobian determinant {jmin[e]:.3e} <= 0 "
                 f"({bad.size} bad element(s) in all)"
             )
+    return geom
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _factors(x, J, Dt, w, collocated):
+    g = _grad_ref(x, J, Dt)  # g[a, d] = ∂x_d/∂r_a
+    xr, xs, xt = g[0], g[1], g[2]
+    cross = lambda a, b: jnp.stack(
+        [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
+    )
+    cst, ctr, crs = cross(xs, xt), cross(xt, xr), cross(xr, xs)
+    jac = jnp.sum(xr * cst, axis=0)
     rx = jnp.stack([cst, ctr, crs]) / jac  # rx[a, d] = ∂r_a/∂x_d
-    w = jnp.asarray(quad.w, dt)
     w3 = w[:, None, None] * w[None, :, None] * w[None, None, :]
     B = w3 * jac
     G = jnp.stack([B * jnp.sum(rx[a] * rx[b], axis=0) for a, b in G_PAIRS])
-    xq = to_quadrature(x, J) if not quad.collocated else x
+    xq = x if collocated else to_quadrature(x, J)
     return Geometry(G=G, B=B, jac=jac, rx=rx, xq=xq)

@@ -1,0 +1,397 @@
+"""The ``jaxsem`` command: ``solve``, ``bench`` and ``info``; ``--json`` for machines.
+
+Contract (other tools depend on it):
+
+* ``jaxsem`` alone solves a small default problem (Poisson BP5, order 6,
+  3×3×3 elements, deform 0.1) and prints a short report.
+* ``--json``: stdout is exactly one JSON object; progress goes to stderr.
+* Exit codes: 0 success; 1 a solve that did not converge (its result is still
+  printed); 2 bad arguments, reported as ONE line on stderr naming the
+  argument, before any JAX work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform as _platform
+import sys
+import time
+
+from .basis import MAX_ORDER
+
+__all__ = ["main", "solve_poisson"]
+
+DEFAULTS = dict(bp=5, order=6, elements=(3, 3, 3), deform=0.1, maxiter=1000)
+DEFAULT_TOL = {"float64": 1e-10, "float32": 1e-5}
+BENCH_DEFAULTS = dict(order=7, elements=(8, 8, 8), iterations=100)
+MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), no usage dump."""
+
+    def error(self, message):
+        msg = " ".join(str(message).split())
+        sys.stderr.write(f"{self.prog}: error: {msg}\n")
+        sys.exit(2)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _build_parser() -> _Parser:
+    p = _Parser(
+        prog="jaxsem",
+        description="Differentiable spectral elements in JAX. Without a command: solve a small "
+        "default problem (Poisson BP5, order 6, 3x3x3 elements, deform 0.1) and report.",
+    )
+    p.add_argument("--version", action="version", version=f"jaxsem {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="command")
+
+    def common(sp):
+        sp.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="floating-point precision (default float64)")
+        sp.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+        sp.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+
+    def mesh_args(sp, order, elements):
+        sp.add_argument("--order", type=int, default=order,
+                        help=f"polynomial order p, 1..{MAX_ORDER} (default {order})")
+        sp.add_argument("--elements", type=int, nargs="+", default=list(elements), metavar="E",
+                        help="element counts: 3 values (Ex Ey Ez) or 1 for all axes "
+                        f"(default {' '.join(map(str, elements))})")
+        sp.add_argument("--deform", type=float, default=DEFAULTS["deform"],
+                        help=f"smooth box deformation amplitude, |deform| < {MAX_DEFORM} (default 0.1)")
+
+    s = sub.add_parser("solve", help="solve a problem and compare with its exact solution")
+    s.add_argument("problem", nargs="?", default="poisson", choices=("poisson",),
+                   help="problem to solve (poisson)")
+    mesh_args(s, DEFAULTS["order"], DEFAULTS["elements"])
+    s.add_argument("--bp", type=int, default=DEFAULTS["bp"],
+                   help="bake-off problem 1..6 (operator, quadrature, BCs, components; default 5)")
+    s.add_argument("--tol", type=float, default=None,
+                   help="relative residual tolerance, 0 < tol < 1 (default 1e-10; 1e-5 for float32)")
+    s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
+                   help="PCG iteration cap, >= 1 (default 1000)")
+    common(s)
+
+    b = sub.add_parser("bench", help="bake-off kernel (bk1..bk6) or problem (bp1..bp6) throughput")
+    b.add_argument("problem", type=str.lower, metavar="problem",
+                   help="bake-off kernel bk1..bk6 or problem bp1..bp6")
+    mesh_args(b, BENCH_DEFAULTS["order"], BENCH_DEFAULTS["elements"])
+    b.add_argument("--iterations", type=int, default=None,
+                   help="PCG iterations per timed solve, bp only (default 100)")
+    b.add_argument("--repeats", type=int, default=None,
+                   help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
+    b.add_argument("--bandwidth", default=None, metavar="GBPS",
+                   help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
+    common(b)
+
+    i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")
+    i.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.commands = {"solve": s, "bench": b, "info": i}
+    return p
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _validate(parser: _Parser, args) -> None:
+    """Range checks argparse cannot do; one-line error and exit 2 on failure."""
+    fail = parser.commands[args.command].error
+    if args.command == "info":
+        return
+    if not 1 <= args.order <= MAX_ORDER:
+        fail(f"argument --order: must be an integer in 1..{MAX_ORDER}, got {args.order}")
+    if len(args.elements) not in (1, 3):
+        fail(f"argument --elements: expected 1 or 3 integers, got {len(args.elements)}")
+    if len(args.elements) == 1:
+        args.elements = args.elements * 3
+    if any(e < 1 for e in args.elements):
+        fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
+    if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
+        fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
+    if args.command == "solve":
+        if not 1 <= args.bp <= 6:
+            fail(f"argument --bp: must be one of 1..6, got {args.bp}")
+        if args.tol is None:
+            args.tol = DEFAULT_TOL[args.dtype]
+        if not (math.isfinite(args.tol) and 0 < args.tol < 1):
+            fail(f"argument --tol: must satisfy 0 < tol < 1, got {args.tol}")
+        if args.maxiter < 1:
+            fail(f"argument --maxiter: must be an integer >= 1, got {args.maxiter}")
+    else:
+        from .bench import PROBLEMS
+
+        if args.problem not in PROBLEMS:
+            fail(f"argument problem: invalid choice: {args.problem!r} (choose from bk1..bk6, bp1..bp6)")
+        if args.problem.startswith("bk") and args.iterations is not None:
+            fail("argument --iterations: applies to bp1..bp6 only (a bk times single applies)")
+        if args.iterations is None:
+            args.iterations = BENCH_DEFAULTS["iterations"]
+        if args.iterations < 1:
+            fail(f"argument --iterations: must be an integer >= 1, got {args.iterations}")
+        if args.repeats is not None and args.repeats < 1:
+            fail(f"argument --repeats: must be an integer >= 1, got {args.repeats}")
+        if args.bandwidth is not None and args.bandwidth != "measure":
+            try:
+                gbps = float(args.bandwidth)
+            except ValueError:
+                gbps = float("nan")
+            if not (math.isfinite(gbps) and gbps > 0):
+                fail(f"argument --bandwidth: must be a positive number of GB/s or 'measure', "
+                     f"got {args.bandwidth!r}")
+            args.bandwidth = gbps * 1e9
+
+
+# ----------------------------------------------------------------------------- output helpers
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send everything written to stdout (Python and, when real, fd 1) to stderr.
+
+    Yields the original ``sys.stdout`` for the one thing meant for stdout, which
+    must be written after the block, once fd 1 is restored.
+    """
+    out = sys.stdout
+    saved = None
+    try:
+        fd, err_fd = out.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = err_fd = None
+    if fd == 1 and err_fd != 1:
+        out.flush()
+        saved = os.dup(1)
+        os.dup2(err_fd, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield out
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _clean(obj):
+    """JSON-safe copy: non-finite floats become None, numpy/jax scalars plain Python."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item"):
+        return _clean(obj.item())
+    return str(obj)
+
+
+def _env() -> dict:
+    from .bench import device_info
+
+    d = device_info()
+    return dict(device=d["device_kind"], platform=d["platform"], num_devices=d["num_devices"],
+                ranks=1, jax_version=d["jax_version"], jaxsem_version=_version())
+
+
+def _fmt_device(r: dict) -> str:
+    return r["platform"] if r["device"] == r["platform"] else f"{r['platform']} ({r['device']})"
+
+
+def _fmt_rate(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3e}"
+
+
+# ----------------------------------------------------------------------------- solve
+
+def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
+                  dtype="float64", progress=None) -> dict:
+    """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
+
+    The solve is compiled ahead of time (``compile_seconds``) and then run once
+    (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
+    ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
+    ``error_max`` are relative to the exact solution.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from .bench import count_dofs
+    from .mesh import box_mesh
+    from .models import poisson
+    from .operators.bk import BK_SPECS
+
+    note = progress or (lambda m: None)
+    spec = BK_SPECS[bp]
+    note(f"discretizing: BP{bp}, order {order}, elements {tuple(elements)}, deform {deform}, {dtype}")
+    sem = poisson.bp_discretize(box_mesh(tuple(elements), order, deform=deform), bp, dtype=jnp.dtype(dtype))
+    h1, h2 = poisson.coefficients(bp)
+    m = poisson.manufactured(bp)
+
+    note("compiling...")
+    t0 = time.perf_counter()
+    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter))
+    compiled = fn.lower(sem).compile()
+    compile_s = time.perf_counter() - t0
+
+    note("solving...")
+    t0 = time.perf_counter()
+    u, info = compiled(sem)
+    jax.block_until_ready((u, info))
+    seconds = time.perf_counter() - t0
+
+    l2, linf = poisson.relative_errors(sem, u, m.u)
+    its = int(info.iterations)
+    points, dofs = count_dofs(spec.components, order, elements)
+    r0 = float(info.residual0)
+    return dict(
+        problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
+        components=spec.components, order=order, elements=list(elements),
+        num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
+        deform=float(deform), tol=tol, maxiter=maxiter, iterations=its,
+        converged=bool(info.converged),
+        residual=float(info.residual) / r0 if r0 > 0 else float(info.residual),
+        error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
+        dofs_per_second=dofs * its / seconds if seconds > 0 else None,
+    )
+
+
+def _report_solve(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    bc = "Dirichlet" if r["operator"] == "stiffness" else "Neumann"
+    quad = "GLL" if r["quadrature"] == "gll" else "Gauss"
+    field = "3-vector" if r["components"] == 3 else "scalar"
+    status = "converged" if r["converged"] else "NOT converged"
+    return "\n".join([
+        f"jaxsem {r['jaxsem_version']}: Poisson BP{r['bp']} ({field} {r['operator']}, {quad} quadrature, "
+        f"{bc}) on the unit box",
+        f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
+        f"  DOFs        {r['dofs']} (components x E x p^3)",
+        f"  PCG         {r['iterations']} iterations, {status} (tol {r['tol']:g}, "
+        f"relative residual {r['residual']:.2e})",
+        f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
+        f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
+        f"{r['compile_seconds']:.2f} s compile",
+        f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), "
+        f"ranks {r['ranks']}, jax {r['jax_version']}",
+    ])
+
+
+def _report_bench(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [
+        f"jaxsem {r['jaxsem_version']}: {r['problem'].upper()}, order {r['order']}, {el} elements, "
+        f"{r['dtype']}",
+        f"  DOFs        {r['dofs']} (components x E x p^3)",
+    ]
+    if r["problem"].startswith("bp"):
+        lines.append(f"  time        {r['seconds']:.4g} s per {r['iterations']}-iteration solve "
+                     f"(median of {r['repeats']}), compile {r['compile_seconds']:.2f} s")
+    else:
+        lines.append(f"  time        {r['seconds']:.4g} s per apply (median of {r['repeats']}), "
+                     f"compile {r['compile_seconds']:.2f} s")
+    lines.append(f"  rate        {_fmt_rate(r['dofs_per_second'])} DOFs/s, model "
+                 f"{r['bytes_per_dof']:.1f} B/DOF -> {r['bytes_per_second'] / 1e9:.1f} GB/s")
+    if "percent_of_ceiling" in r:
+        lines.append(f"  ceiling     {r['bandwidth'] / 1e9:.1f} GB/s -> "
+                     f"{_fmt_rate(r['ceiling_dofs_per_second'])} DOFs/s, "
+                     f"{r['percent_of_ceiling']:.1f}% of it")
+    lines.append(f"  device      {_fmt_device(r)}, jax {r['jax_version']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- info
+
+def _info() -> dict:
+    import jax
+    import numpy as np
+
+    from .bench import device_info
+
+    def version(dist):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    d = device_info()
+    return dict(
+        jaxsem_version=_version(), jax_version=jax.__version__, jaxlib_version=version("jaxlib"),
+        numpy_version=np.__version__, python_version=_platform.python_version(),
+        x64=bool(jax.config.jax_enable_x64), platform=d["platform"], device=d["device_kind"],
+        num_devices=d["num_devices"], devices=d["devices"], ranks=1,
+        mpi4jax_available=importlib.util.find_spec("mpi4jax") is not None,
+        mpi4py_available=importlib.util.find_spec("mpi4py") is not None,
+    )
+
+
+def _report_info(r: dict) -> str:
+    return "\n".join([
+        f"jaxsem {r['jaxsem_version']} (python {r['python_version']})",
+        f"  jax {r['jax_version']}, jaxlib {r['jaxlib_version']}, numpy {r['numpy_version']}, x64 {r['x64']}",
+        f"  devices     {r['num_devices']} x {_fmt_device(r)}: {', '.join(r['devices'])}",
+        f"  MPI         mpi4jax {'available' if r['mpi4jax_available'] else 'not installed'}, "
+        f"mpi4py {'available' if r['mpi4py_available'] else 'not installed'}",
+    ])
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    """Entry point of the ``jaxsem`` console script; returns the exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:  # the default demonstration solve
+            args = parser.parse_args(["solve", "poisson"])
+        _validate(parser, args)
+    except SystemExit as e:  # argparse errors (2), --help / --version (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+    quiet = getattr(args, "quiet", False) or args.command == "info"
+    log = (lambda m: None) if quiet else (lambda m: print(f"jaxsem: {m}", file=sys.stderr, flush=True))
+
+    with _stdout_to_stderr() as out:
+        if args.command == "info":
+            result = _info()
+            text = _report_info(result)
+            code = 0
+        elif args.command == "solve":
+            result = solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
+                                   args.maxiter, args.dtype, progress=log)
+            result.update(_env())
+            text = _report_solve(result)
+            code = 0 if result["converged"] else 1
+        else:
+            from .bench import bench, measure_bandwidth
+
+            bw = args.bandwidth
+            if bw == "measure":
+                log("measuring memory bandwidth...")
+                bw = measure_bandwidth()
+            kw = {} if args.repeats is None else dict(repeats=args.repeats)
+            result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
+                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, **kw)
+            result.update(_env())
+            text = _report_bench(result)
+            code = 0
+    if args.json:
+        out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
+    else:
+        out.write(text + "\n")
+    out.flush()
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Bake-off benchmark helpers: result dicts, DOF counting, bandwidth model (no timing asserts)."""
+
+import pytest
+
+from jaxsem import bench
+
+ORDER, ELEMENTS = 2, (1, 1, 2)
+POINTS = 2 * ORDER**3
+
+
+def _common(r, problem, components):
+    assert r["problem"] == problem
+    assert r["order"] == ORDER and r["elements"] == list(ELEMENTS) and r["num_elements"] == 2
+    assert r["components"] == components
+    assert r["points"] == POINTS and r["dofs"] == components * POINTS
+    assert r["seconds"] > 0 and r["seconds_min"] > 0 and len(r["times"]) == r["repeats"]
+    assert r["seconds_min"] <= r["seconds"]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_bench_bk(k):
+    r = bench.bench_bk(k, ORDER, ELEMENTS, repeats=2)
+    _common(r, f"bk{k}", 3 if k % 2 == 0 else 1)
+    assert r["iterations"] == 1
+    assert r["dofs_per_second"] == r["dofs"] / r["seconds"]
+    assert r["bytes_per_dof"] == bench.bytes_per_dof(f"bk{k}", ORDER)
+    assert r["bytes_per_second"] == pytest.approx(r["dofs_per_second"] * r["bytes_per_dof"])
+    assert "percent_of_ceiling" not in r
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_bench_bp(k):
+    r = bench.bench_bp(k, ORDER, ELEMENTS, iterations=4, repeats=2, bandwidth=1e11)
+    _common(r, f"bp{k}", 3 if k == 2 else 1)
+    assert r["iterations"] == 4 and r["converged"] is None
+    assert r["dofs_per_second"] == r["dofs"] * r["iterations"] / r["seconds"]
+    assert 0 <= r["residual_reduction"] < 1
+    assert r["ceiling_dofs_per_second"] == pytest.approx(1e11 / r["bytes_per_dof"])
+    assert r["percent_of_ceiling"] == pytest.approx(100 * r["dofs_per_second"] / r["ceiling_dofs_per_second"])
+
+
+def test_bench_dispatch_and_float32():
+    r = bench.bench("BP3", ORDER, ELEMENTS, iterations=2, repeats=1, dtype="float32")
+    assert r["problem"] == "bp3" and r["dtype"] == "float32" and r["iterations"] == 2
+    assert r["bytes_per_dof"] == pytest.approx(bench.bytes_per_dof("bp3", ORDER, "float64") / 2)
+
+
+def test_bytes_per_dof_model():
+    # SEEDS.md §1: BK5 at p = 7 in FP64 reads u and 6 factors and writes w: 95.5 B/DOF.
+    assert bench.bytes_per_dof("bk5", 7) == pytest.approx(8 * 8 * 8**3 / 7**3)
+    assert bench.bytes_per_dof("bk5", 7) == pytest.approx(95.5, abs=0.05)
+    # The vector kernel shares the geometric factors among its 3 components.
+    assert bench.bytes_per_dof("bk6", 7) == pytest.approx(12 * 8 * 8**3 / (3 * 7**3))
+    # Gauss q = p + 2: B or G live on (p + 2)^3 points.
+    assert bench.bytes_per_dof("bk1", 3) == pytest.approx((2 * 64 + 125) * 8 / 27)
+    # A PCG iteration adds 12c + 5 words per node.
+    assert bench.bytes_per_dof("bp5", 7) == pytest.approx((8 + 17) * 8 * 8**3 / 7**3)
+    assert bench.count_dofs(3, 7, (2, 3, 4)) == (24 * 343, 3 * 24 * 343)
+
+
+def test_measure_bandwidth_and_device_info():
+    assert bench.measure_bandwidth(nbytes=2**20, repeats=2) > 0
+    d = bench.device_info()
+    assert {"platform", "device_kind", "num_devices", "jax_version"} <= set(d)
+    assert d["num_devices"] >= 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: bench.bench_bk(7, 2, 1),
+        lambda: bench.bench_bk(1, 0, 1),
+        lambda: bench.bench_bk(1, 2, (1, 0, 1)),
+        lambda: bench.bench_bk(1, 2, 1, repeats=0),
+        lambda: bench.bench_bp(5, 2, 1, iterations=0),
+        lambda: bench.bench_bp(5, 2, 1, dtype="int32"),
+        lambda: bench.bench_bp(5, 2, 1, bandwidth=-1.0),
+        lambda: bench.bench("bq5", 2, 1),
+        lambda: bench.bytes_per_dof("bk5", 7, "float16"),
+    ],
+)
+def test_bad_arguments_raise(call):
+    with pytest.raises(ValueError):
+        call()

@@ -1,0 +1,154 @@
+"""The ``jaxsem`` command: JSON contract, exit codes, one-line errors."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxsem import cli
+
+# BP5, order 4, 2x2x2 elements, deform 0.1, tol 1e-10 (float64 and float32 alike):
+# measured relative L2 1.78e-3 and max 8.58e-4; the bounds are 3x that.
+SMALL = ["--order", "4", "--elements", "2", "2", "2"]
+L2_BOUND = 5.3e-3
+MAX_BOUND = 2.6e-3
+
+SOLVE_KEYS = {
+    "problem", "order", "elements", "dofs", "iterations", "converged", "error_l2", "error_max",
+    "seconds", "dofs_per_second", "device", "ranks", "jax_version",
+}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _json(capsys):
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1 and out.endswith("\n")
+    return json.loads(out), err
+
+
+def test_solve_json_in_process(capsys):
+    assert cli.main(["solve", "poisson", *SMALL, "--json"]) == 0
+    r, err = _json(capsys)
+    assert SOLVE_KEYS <= set(r)
+    assert r["problem"] == "poisson" and r["bp"] == 5
+    assert r["order"] == 4 and r["elements"] == [2, 2, 2]
+    assert r["dofs"] == 8 * 4**3 == r["points"]
+    assert r["converged"] is True and 0 < r["iterations"] < 1000
+    assert r["error_l2"] < L2_BOUND and r["error_max"] < MAX_BOUND
+    assert r["ranks"] == 1 and r["seconds"] > 0
+    assert r["dofs_per_second"] == pytest.approx(r["dofs"] * r["iterations"] / r["seconds"])
+    assert "solving" in err  # progress goes to stderr
+
+
+def test_solve_float32_and_vector_dofs(capsys):
+    assert cli.main(["solve", "poisson", "--bp", "6", "--order", "2", "--elements", "1", "1", "2",
+                     "--dtype", "float32", "--json", "-q"]) == 0
+    r, err = _json(capsys)
+    assert err == ""
+    assert r["dtype"] == "float32" and r["tol"] == 1e-5 and r["converged"] is True
+    assert r["points"] == 2 * 2**3 and r["dofs"] == 3 * r["points"]  # vector: all 3 components
+
+
+def test_solve_subprocess_json():
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    p = subprocess.run(
+        [sys.executable, "-m", "jaxsem", "solve", "poisson", *SMALL, "--json"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1, p.stdout  # exactly one JSON object, nothing else
+    r = json.loads(lines[0])
+    assert SOLVE_KEYS <= set(r)
+    assert r["dofs"] == 8 * 4**3 and r["elements"] == [2, 2, 2]
+    assert r["converged"] is True
+    assert r["error_l2"] < L2_BOUND and r["error_max"] < MAX_BOUND
+    assert "compiling" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_nonconvergence_exits_1(capsys):
+    assert cli.main(["solve", "poisson", *SMALL, "--maxiter", "3", "--json", "-q"]) == 1
+    r, _ = _json(capsys)
+    assert r["converged"] is False and r["iterations"] == 3
+    assert math.isfinite(r["error_l2"])
+
+
+def test_no_arguments_runs_default_report(capsys, monkeypatch):
+    ns = cli._build_parser().parse_args(["solve"])
+    assert (ns.problem, ns.bp, ns.order, ns.elements, ns.deform) == ("poisson", 5, 6, [3, 3, 3], 0.1)
+    # Run the no-argument path at the small size (the real default takes a few seconds).
+    monkeypatch.setitem(cli.DEFAULTS, "order", 4)
+    monkeypatch.setitem(cli.DEFAULTS, "elements", (2, 2, 2))
+    assert cli.main([]) == 0
+    out, _ = capsys.readouterr()
+    assert "BP5" in out and "converged" in out and "NOT" not in out
+    assert "relative L2" in out and "DOFs/s" in out and "iterations" in out
+
+
+BAD = [
+    (["solve", "poisson", "--order", "0"], "--order"),
+    (["solve", "poisson", "--order", "21"], "--order"),
+    (["solve", "poisson", "--order", "x"], "--order"),
+    (["solve", "poisson", "--elements", "2", "0", "2"], "--elements"),
+    (["solve", "poisson", "--elements", "2", "2"], "--elements"),
+    (["solve", "heat"], "problem"),
+    (["solve", "poisson", "--dtype", "float16"], "--dtype"),
+    (["solve", "poisson", "--tol", "-1"], "--tol"),
+    (["solve", "poisson", "--tol", "0"], "--tol"),
+    (["solve", "poisson", "--tol", "nan"], "--tol"),
+    (["solve", "poisson", "--tol", "abc"], "--tol"),
+    (["solve", "poisson", "--bp", "7"], "--bp"),
+    (["solve", "poisson", "--deform", "0.3"], "--deform"),
+    (["solve", "poisson", "--maxiter", "0"], "--maxiter"),
+    (["bench", "bp7"], "problem"),
+    (["bench", "bk5", "--iterations", "10"], "--iterations"),
+    (["bench", "bp5", "--order", "0"], "--order"),
+    (["bench", "bp5", "--bandwidth", "-1"], "--bandwidth"),
+    (["bench", "bp5", "--dtype", "int32"], "--dtype"),
+    (["frobnicate"], "command"),
+    (["solve", "poisson", "--bogus"], "--bogus"),
+]
+
+
+@pytest.mark.parametrize("argv,name", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_exit_2_one_line(argv, name, capsys, monkeypatch):
+    def no_jax_work(*a, **k):
+        raise AssertionError("validation must happen before any JAX work")
+
+    monkeypatch.setattr(cli, "solve_poisson", no_jax_work)
+    monkeypatch.setattr("jaxsem.bench.bench", no_jax_work)
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "error" in lines[0] and name in lines[0] and "Traceback" not in err
+
+
+def test_bench_json(capsys):
+    argv = ["bench", "BP5", "--order", "2", "--elements", "1", "1", "2", "--iterations", "3",
+            "--repeats", "2", "--bandwidth", "100", "--json", "-q"]
+    assert cli.main(argv) == 0
+    r, _ = _json(capsys)
+    assert {"problem", "order", "elements", "dofs", "iterations", "converged", "seconds",
+            "dofs_per_second", "device", "ranks", "jax_version", "percent_of_ceiling"} <= set(r)
+    assert r["problem"] == "bp5" and r["dofs"] == 2 * 2**3 and r["iterations"] == 3
+    assert r["dofs_per_second"] == pytest.approx(r["dofs"] * 3 / r["seconds"])
+    assert r["bandwidth"] == 100e9
+    assert r["percent_of_ceiling"] == pytest.approx(100 * r["dofs_per_second"] * r["bytes_per_dof"] / 100e9)
+
+
+def test_info_json(capsys):
+    assert cli.main(["info", "--json"]) == 0
+    r, _ = _json(capsys)
+    for key in ("jaxsem_version", "jax_version", "jaxlib_version", "numpy_version", "x64",
+                "platform", "device", "num_devices", "ranks", "mpi4jax_available"):
+        assert key in r
+    assert r["x64"] is True and r["num_devices"] >= 1 and r["ranks"] == 1
+    assert isinstance(r["mpi4jax_available"], bool)
+    assert cli.main(["info"]) == 0
+    out, _ = capsys.readouterr()
+    assert "jax" in out and "MPI" in out
