@@ -7,6 +7,9 @@ single precision.
 
 import jax as _jax
 
+from .comm import bind_local_device as _bind_local_device
+
+_bind_local_device()  # under mpirun: one GPU per process, before JAX picks devices
 _jax.config.update("jax_enable_x64", True)
 
 from . import basis, geometry, operators, solvers  # noqa: E402
@@ -17,6 +20,8 @@ from .numbering import Numbering, number_nodes  # noqa: E402
 from .geometry import Geometry, geometric_factors, quadrature  # noqa: E402
 from .gather_scatter import GatherScatter, make_gs, gs_apply  # noqa: E402
 from .discretization import SEM, discretize  # noqa: E402
+from .comm import Comm, get_comm  # noqa: E402
+from .partition import partition_mesh  # noqa: E402
 from .solvers import PCGInfo, pcg  # noqa: E402
 from .models import poisson  # noqa: E402
 

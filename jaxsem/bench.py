@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import basis
+from .comm import allreduce_sum
 from .mesh import box_mesh
 from .models import poisson
 from .operators.bk import BK_SPECS, bk_apply
@@ -239,7 +240,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None) -> dict:
     _note(progress, f"timing {repeats} applies...")
     _, times = _time(fn, args, repeats)
     seconds = statistics.median(times)
-    E = sem.num_elements
+    E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
     points = E * sem.order**3
     dofs = spec.components * points
     return dict(
@@ -323,7 +324,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     (_, info), times = _time(fn, args, repeats)
     seconds = statistics.median(times)
     its = int(info.iterations)
-    E = sem.num_elements
+    E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
     points = E * sem.order**3
     dofs = spec.components * points
     r0 = float(info.residual0)

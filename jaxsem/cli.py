@@ -199,9 +199,11 @@ def _clean(obj):
 def _env() -> dict:
     from .bench import device_info
 
+    from .comm import get_comm
+
     d = device_info()
     return dict(device=d["device_kind"], platform=d["platform"], num_devices=d["num_devices"],
-                ranks=1, jax_version=d["jax_version"], jaxsem_version=_version())
+                ranks=get_comm().size, jax_version=d["jax_version"], jaxsem_version=_version())
 
 
 def _fmt_device(r: dict) -> str:
@@ -329,10 +331,17 @@ def _info() -> dict:
         jaxsem_version=_version(), jax_version=jax.__version__, jaxlib_version=version("jaxlib"),
         numpy_version=np.__version__, python_version=_platform.python_version(),
         x64=bool(jax.config.jax_enable_x64), platform=d["platform"], device=d["device_kind"],
-        num_devices=d["num_devices"], devices=d["devices"], ranks=1,
+        num_devices=d["num_devices"], devices=d["devices"], ranks=_ranks(),
         mpi4jax_available=importlib.util.find_spec("mpi4jax") is not None,
         mpi4py_available=importlib.util.find_spec("mpi4py") is not None,
     )
+
+
+def _ranks() -> int:
+    """Number of MPI ranks, without initializing MPI just for ``info``."""
+    from .comm import launcher_size
+
+    return launcher_size() or 1
 
 
 def _report_info(r: dict) -> str:
@@ -385,11 +394,14 @@ def main(argv=None) -> int:
             result.update(_env())
             text = _report_bench(result)
             code = 0
-    if args.json:
-        out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
-    else:
-        out.write(text + "\n")
-    out.flush()
+    from .comm import get_comm
+
+    if args.command == "info" or get_comm().rank == 0:  # under mpirun only rank 0 reports
+        if args.json:
+            out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
+        else:
+            out.write(text + "\n")
+        out.flush()
     return code
 
 

@@ -40,7 +40,11 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Comm", "get_comm", "launcher_size", "allreduce_sum", "sendrecv"]
+__all__ = ["Comm", "get_comm", "launcher_size", "local_rank", "bind_local_device",
+           "allreduce_sum", "allreduce_max", "sendrecv"]
+
+# Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 
 # Environment variables through which MPI launchers announce the world size:
 # MPICH / Intel MPI (Hydra) and Slurm's PMI2 set PMI_SIZE; Open MPI sets
@@ -64,6 +68,33 @@ def launcher_size() -> int | None:
             except ValueError:
                 continue
     return None
+
+
+def local_rank() -> int | None:
+    """This process's rank on its node, from the launcher's environment (None without one)."""
+    for var in _LOCAL_RANK_VARS:
+        value = os.environ.get(var)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return None
+
+
+def bind_local_device() -> None:
+    """One process per GPU: under an MPI launcher, restrict this process to GPU ``local_rank``.
+
+    Sets ``CUDA_VISIBLE_DEVICES`` to the node-local rank unless the user set it
+    (or no launcher started us). Must run before JAX initializes its GPU backend;
+    ``import jaxsem`` calls it. Two processes on one GPU time-slice it, which
+    makes every timing meaningless.
+    """
+    size = launcher_size()
+    lr = local_rank()
+    if size is None or size <= 1 or lr is None or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(lr)
 
 
 @jax.tree_util.register_dataclass
@@ -176,6 +207,46 @@ def allreduce_sum(x, comm: Comm):
     return mpi4jax.allreduce(jnp.asarray(x), op=MPI.SUM, comm=_mpi_world())
 
 
+@functools.lru_cache(maxsize=1)
+def _mpi4jax():
+    """Import mpi4jax once, mending its sendrecv transpose for symbolic-zero cotangents.
+
+    mpi4jax 0.9's transpose rule binds the cotangent directly, which fails when
+    JAX passes a symbolic ``Zero`` (it does inside the transpose of
+    ``lax.custom_linear_solve``). The message must still be exchanged — the
+    partner rank is waiting for it — so the zero is instantiated first.
+    """
+    import mpi4jax
+    from jax.interpreters import ad
+
+    try:
+        from mpi4jax._src.collective_ops import sendrecv as _sr
+    except ImportError:  # layout changed: leave mpi4jax as it is
+        return mpi4jax
+    rule = ad.primitive_transposes.get(_sr.mpi_sendrecv_p)
+    if rule is not None and not getattr(rule, "_jaxsem_mended", False):
+
+        def mended(out_tan, *args, **params):
+            if type(out_tan) is ad.Zero:
+                out_tan = ad.instantiate_zeros(out_tan)
+            return rule(out_tan, *args, **params)
+
+        mended._jaxsem_mended = True
+        ad.primitive_transposes[_sr.mpi_sendrecv_p] = mended
+    return mpi4jax
+
+
+def allreduce_max(x, comm: Comm):
+    """Elementwise maximum of ``x`` over all ranks (not differentiable); identity on one rank."""
+    _check_comm(comm)
+    if comm.size == 1:
+        return x
+    import mpi4jax
+    from mpi4py import MPI
+
+    return mpi4jax.allreduce(jnp.asarray(x), op=MPI.MAX, comm=_mpi_world())
+
+
 def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
     """Send ``sendbuf`` to rank ``dest`` and receive an array from rank ``source``.
 
@@ -211,7 +282,7 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
                 "on one rank a process receives its own message, so they must agree"
             )
         return jnp.asarray(sendbuf, dtype=dtype)
-    import mpi4jax
+    mpi4jax = _mpi4jax()
 
     if isinstance(recvbuf_template, jax.ShapeDtypeStruct):
         recvbuf_template = jnp.zeros(shape, dtype)

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import geometry as geo
-from .gather_scatter import GatherScatter, gs_apply, make_gs
+from .comm import Comm, allreduce_sum, get_comm
+from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from .mesh import Mesh
 from .numbering import Numbering, number_nodes
+from .partition import partition_mesh
 
 __all__ = ["SEM", "discretize"]
 
@@ -36,7 +38,11 @@ class SEM:
         for Neumann problems).
       bmass: ``(E, n, n, n)`` assembled-ready diagonal GLL mass (w·jac on GLL nodes),
         used for L2 norms of E-vectors.
-      order, quadrature, num_global: static.
+      elements: ``(E,)`` global indices of this rank's elements (all on one rank).
+      order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
+
+    Distributed, each rank holds only its elements; ``dot``, ``integrate`` and
+    ``norm`` sum over all ranks, and ``dssum`` exchanges shared nodes.
     """
 
     x: jax.Array
@@ -47,9 +53,11 @@ class SEM:
     gs: GatherScatter
     mask: jax.Array
     bmass: jax.Array
+    elements: jax.Array
     order: int = dataclasses.field(metadata=dict(static=True))
     quadrature: str = dataclasses.field(metadata=dict(static=True))
     num_global: int = dataclasses.field(metadata=dict(static=True))
+    comm: Comm = dataclasses.field(metadata=dict(static=True), default=Comm())
 
     @property
     def n(self) -> int:
@@ -70,7 +78,7 @@ class SEM:
 
     def dot(self, u, v):
         """Σ u·v/multiplicity: the global inner product of continuous E-vectors."""
-        return jnp.sum(u * v * self.gs.mult)
+        return allreduce_sum(jnp.sum(u * v * self.gs.mult), self.comm)
 
     def interpolate(self, f: Callable):
         """Nodal values ``f(x, y, z)`` at the GLL nodes: ``(E, n, n, n)`` or ``(k, E, n, n, n)``."""
@@ -78,11 +86,11 @@ class SEM:
 
     def integrate(self, u):
         """∫ u dx with the GLL rule (u an E-vector, each element integrated once)."""
-        return jnp.sum(self.bmass * u)
+        return allreduce_sum(jnp.sum(self.bmass * u), self.comm)
 
     def norm(self, u):
         """L2 norm √∫|u|² with the GLL rule; ``u: (..., E, n, n, n)``."""
-        return jnp.sqrt(jnp.sum(self.bmass * u * u))
+        return jnp.sqrt(allreduce_sum(jnp.sum(self.bmass * u * u), self.comm))
 
 
 def discretize(
@@ -93,6 +101,8 @@ def discretize(
     dtype=jnp.float64,
     q: int | None = None,
     numbering: Numbering | None = None,
+    comm: Comm | None = None,
+    partition: np.ndarray | None = None,
 ) -> SEM:
     """Number, measure and plan a mesh.
 
@@ -103,6 +113,10 @@ def discretize(
       gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`.
       dtype: ``jnp.float64`` (default) or ``jnp.float32``.
       numbering: a :class:`Numbering` of ``mesh`` to reuse (computed if None).
+      comm: communicator (default :func:`jaxsem.comm.get_comm`); with several
+        ranks each keeps only its own elements.
+      partition: ``(E,)`` rank of each element (default
+        :func:`jaxsem.partition.partition_mesh`).
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -115,13 +129,24 @@ def discretize(
         numbering = number_nodes(mesh)
     elif numbering.gid.shape != (mesh.num_elements,) + (mesh.n,) * 3:
         raise ValueError(f"numbering does not match the mesh: gid shape {numbering.gid.shape}")
-    quad = geo.quadrature(mesh.order, quadrature, q)
-    x = jnp.asarray(mesh.x, dtype=jnp.float64)
-    geom = geo.geometric_factors(x, quad)
-    gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
+    comm = get_comm() if comm is None else comm
+    if not isinstance(comm, Comm):
+        raise TypeError(f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__}")
     mask = np.ones(numbering.gid.shape)
     if dirichlet:
         mask[numbering.boundary_nodes()] = 0.0
+    if comm.size > 1:
+        part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
+        if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= comm.size:
+            raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {comm.size})")
+        plan, elements = make_gs_distributed(numbering.gid, part, comm, gs_layout, dtype)
+    else:
+        elements = np.arange(mesh.num_elements)
+        plan = make_gs(numbering.gid, numbering.num_global, gs_layout, dtype)
+    quad = geo.quadrature(mesh.order, quadrature, q)
+    x = jnp.asarray(mesh.x[:, elements], dtype=jnp.float64)
+    geom = geo.geometric_factors(x, quad)
+    gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
     cast = lambda a: jnp.asarray(a, dtype)
     return SEM(
         x=cast(x),
@@ -129,10 +154,12 @@ def discretize(
         J=cast(quad.J),
         Dt=cast(quad.Dt),
         geom=jax.tree_util.tree_map(cast, geom),
-        gs=make_gs(numbering.gid, numbering.num_global, gs_layout, dtype),
-        mask=cast(mask),
+        gs=plan,
+        mask=cast(mask[elements]),
         bmass=cast(gll.B),
+        elements=jnp.asarray(elements),
         order=mesh.order,
         quadrature=quadrature,
         num_global=numbering.num_global,
+        comm=comm,
     )

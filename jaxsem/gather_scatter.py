@@ -13,6 +13,14 @@ sums the copies of each global node, ``Q`` copies the sums back, so
 
 All are linear and their transposes are themselves (QQᵀ is symmetric), which
 JAX's autodiff of ``segment_sum``/``take`` finds by itself.
+
+Distributed (one process per device, each holding its own elements): the local
+sums of the shared nodes are exchanged with each neighbour rank in one packed
+message per neighbour (:class:`Exchange`), in an edge-coloured order of rounds
+in which every rank has at most one partner, so the pairwise ``sendrecv`` calls
+cannot deadlock; each rank adds what its neighbours sent (their own partial
+sums), which gives the global sum on every copy. The transpose (``jax.grad``)
+is the same exchange through mpi4jax's transpose rules.
 """
 
 from __future__ import annotations
@@ -23,9 +31,41 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["GatherScatter", "make_gs", "gs_apply", "LAYOUTS"]
+from . import comm as _comm
+from .partition import rank_pairs
+
+__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "LAYOUTS"]
 
 LAYOUTS = ("segment", "sorted", "padded")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """The neighbour exchange of a distributed gather–scatter (pytree).
+
+    ``idx[r]: (k_r,)`` int32 positions (in this rank's node sums) of the nodes
+    shared with ``partners[r]`` in round r, ascending in global id (the order
+    both sides agree on); ``partners[r] = -1`` when this rank sits out round r.
+    """
+
+    idx: tuple
+    partners: tuple = dataclasses.field(metadata=dict(static=True))
+    comm: _comm.Comm = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def neighbors(self) -> tuple:
+        return tuple(p for p in self.partners if p >= 0)
+
+
+def exchange_add(ex: Exchange, s):
+    """Add the neighbours' partial sums of shared nodes to ``s: (..., num_nodes)``."""
+    bufs = [(p, i, s[..., i]) for p, i in zip(ex.partners, ex.idx) if p >= 0]
+    out = s
+    for p, i, buf in bufs:
+        recv = _comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm)
+        out = out.at[..., i].add(recv)
+    return out
 
 
 @jax.tree_util.register_dataclass
@@ -37,7 +77,9 @@ class GatherScatter:
     ``perm: (L,)`` order that sorts ``gid`` (``"sorted"`` layout);
     ``copies: (num_global, width)`` local positions of each node's copies,
     padded with ``L`` (``"padded"`` layout); ``mult: (E, n, n, n)`` inverse
-    multiplicity 1/(number of copies).
+    multiplicity 1/(number of copies, over all ranks); ``num_global``: the
+    number of distinct nodes this plan sums into (on one rank, all nodes);
+    ``exchange``: the neighbour exchange when distributed, else None.
     """
 
     gid: jax.Array
@@ -47,22 +89,29 @@ class GatherScatter:
     mult: jax.Array
     num_global: int = dataclasses.field(metadata=dict(static=True))
     layout: str = dataclasses.field(metadata=dict(static=True), default="segment")
+    exchange: Exchange | None = None
 
     def __call__(self, u):
         return gs_apply(self, u)
 
 
-def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp.float64) -> GatherScatter:
-    """Build a :class:`GatherScatter` from ``gid: (E, n, n, n)`` global ids."""
+def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp.float64,
+            counts: np.ndarray | None = None, exchange: Exchange | None = None) -> GatherScatter:
+    """Build a :class:`GatherScatter` from ``gid: (E, n, n, n)`` node ids in ``[0, num_global)``.
+
+    ``counts`` (multiplicity per node, default: copies in ``gid``) and
+    ``exchange`` are for distributed plans (:func:`make_gs_distributed`).
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     gid = np.asarray(gid)
     flat = gid.reshape(-1).astype(np.int64)
     L = flat.size
-    counts = np.bincount(flat, minlength=num_global)
+    local_counts = np.bincount(flat, minlength=num_global)
+    counts = local_counts if counts is None else np.asarray(counts)
     perm = np.argsort(flat, kind="stable")
-    width = int(counts.max()) if L else 1
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    width = int(local_counts.max()) if L else 1
+    starts = np.concatenate([[0], np.cumsum(local_counts)[:-1]])
     rank_in_node = np.arange(L) - starts[flat[perm]]
     copies = np.full((num_global, width), L, dtype=np.int64)
     copies[flat[perm], rank_in_node] = perm
@@ -76,7 +125,53 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
         mult=jnp.asarray(mult, dtype=dtype),
         num_global=int(num_global),
         layout=layout,
+        exchange=exchange,
     )
+
+
+def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, layout: str = "segment",
+                        dtype=jnp.float64):
+    """This rank's gather–scatter plan, from the global numbering and the partition.
+
+    Args:
+      gid: ``(E, n, n, n)`` global node ids of the WHOLE mesh (every rank has the
+        same numbering).
+      part: ``(E,)`` rank of each element.
+      comm: the communicator; ``comm.rank`` picks this rank's elements.
+    Returns ``(plan, elements)``: the plan over this rank's elements and their
+    global indices ``(E_local,)`` (ascending).
+    """
+    gid = np.asarray(gid)
+    part = np.asarray(part, dtype=np.int64)
+    P = comm.size
+    num = int(gid.max()) + 1
+    counts = np.bincount(gid.reshape(-1), minlength=num)
+    # Which ranks hold each node: unique (node, rank) pairs.
+    pairs = np.unique(gid.reshape(gid.shape[0], -1) * P + part[:, None])
+    node, rank = pairs // P, pairs % P
+    has = [np.zeros(num, bool) for _ in range(P)]
+    for r in range(P):
+        has[r][node[rank == r]] = True
+    edges = [(a, b) for a in range(P) for b in range(a + 1, P) if np.any(has[a] & has[b])]
+    rounds = rank_pairs(edges)
+
+    elements = np.nonzero(part == comm.rank)[0]
+    if elements.size == 0:
+        raise ValueError(f"rank {comm.rank} has no elements in the partition")
+    local_gid = gid[elements]
+    uniq, lid = np.unique(local_gid.reshape(-1), return_inverse=True)  # uniq ascending in global id
+    idx, partners = [], []
+    for rnd in rounds:
+        partner = next((b if a == comm.rank else a for a, b in rnd if comm.rank in (a, b)), -1)
+        partners.append(partner)
+        if partner < 0:
+            idx.append(jnp.zeros((0,), jnp.int32))
+            continue
+        shared = np.nonzero(has[comm.rank] & has[partner])[0]  # ascending global ids
+        idx.append(jnp.asarray(np.searchsorted(uniq, shared).astype(np.int32)))
+    exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm)
+    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, layout, dtype, counts=counts[uniq], exchange=exchange)
+    return plan, elements
 
 
 def _qt(plan: GatherScatter, v):
@@ -92,15 +187,20 @@ def _qt(plan: GatherScatter, v):
 
 
 def gs_apply(plan: GatherScatter, u):
-    """QQᵀ u for ``u: (..., E, n, n, n)``: each node gets the sum of its copies."""
+    """QQᵀ u for ``u: (..., E, n, n, n)``: each node gets the sum of its copies.
+
+    Leading axes (vector components) share one exchange message per neighbour.
+    """
     shape = u.shape
     lead = shape[: u.ndim - 4]
-    flat = u.reshape(lead + (-1,))
     if lead:
-        f = lambda v: jnp.take(_qt(plan, v), plan.gid, axis=0)
-        out = jax.vmap(f)(flat.reshape((-1, flat.shape[-1])))
-        return out.reshape(shape)
-    return jnp.take(_qt(plan, flat), plan.gid, axis=0).reshape(shape)
+        flat = u.reshape((-1, int(np.prod(shape[-4:]))))
+        s = jax.vmap(lambda v: _qt(plan, v))(flat)
+    else:
+        s = _qt(plan, u.reshape(-1))
+    if plan.exchange is not None:
+        s = exchange_add(plan.exchange, s)
+    return jnp.take(s, plan.gid, axis=-1).reshape(shape)
 
 
 def global_to_local(plan: GatherScatter, ug):

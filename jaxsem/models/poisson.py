@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import geometry as geo
+from ..comm import allreduce_max, allreduce_sum
 from ..discretization import SEM, discretize
 from ..mesh import Mesh
 from ..operators import BK_SPECS, mass, mass_diagonal, stiffness, stiffness_diagonal, stiffness_gll
@@ -177,9 +178,10 @@ def relative_errors(sem: SEM, u_h, u_exact: Callable):
     Returns two Python floats. ``u_exact(x, y, z)`` must be written with ``jnp``.
     """
     quad = geo.quadrature(sem.order, "gauss", q=sem.order + 4)
-    l2, linf = _errors(sem.x.astype(jnp.float64), u_h.astype(jnp.float64), jnp.asarray(quad.J),
-                       jnp.asarray(quad.Dt), jnp.asarray(quad.w), u_exact)
-    return float(l2), float(linf)
+    sums, maxes = _errors(sem.x.astype(jnp.float64), u_h.astype(jnp.float64), jnp.asarray(quad.J),
+                          jnp.asarray(quad.Dt), jnp.asarray(quad.w), u_exact)
+    sums, maxes = allreduce_sum(sums, sem.comm), allreduce_max(maxes, sem.comm)
+    return float(jnp.sqrt(sums[0] / sums[1])), float(maxes[0] / maxes[1])
 
 
 @functools.partial(jax.jit, static_argnums=5)
@@ -187,7 +189,7 @@ def _errors(x, u_h, J, Dt, w, u_exact):
     g = geo._factors(x, J, Dt, w, False)
     uq = interp(u_h, J)
     ue = u_exact(g.xq[0], g.xq[1], g.xq[2])
-    l2 = jnp.sqrt(jnp.sum(g.B * (uq - ue) ** 2) / jnp.sum(g.B * ue**2))
     un = u_exact(x[0], x[1], x[2])
-    linf = jnp.max(jnp.abs(u_h - un)) / jnp.max(jnp.abs(un))
-    return l2, linf
+    sums = jnp.stack([jnp.sum(g.B * (uq - ue) ** 2), jnp.sum(g.B * ue**2)])
+    maxes = jnp.stack([jnp.max(jnp.abs(u_h - un)), jnp.max(jnp.abs(un))])
+    return sums, maxes
