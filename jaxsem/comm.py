@@ -40,7 +40,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Comm", "get_comm", "launcher_size", "local_rank", "bind_local_device",
+__all__ = ["Comm", "ShardComm", "get_comm", "launcher_size", "local_rank", "bind_local_device",
            "allreduce_sum", "allreduce_max", "sendrecv"]
 
 # Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
@@ -127,6 +127,26 @@ class Comm:
         return self.size > 1
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ShardComm:
+    """The single-process, several-device backend: a named ``shard_map`` axis.
+
+    Inside ``jax.shard_map`` over ``axis_name`` (``size`` devices), global sums
+    are ``lax.psum`` and neighbour exchanges ``lax.ppermute`` (NCCL on GPUs).
+    Static (no leaves). Functions of this module accept it wherever they accept
+    a :class:`Comm`; point-to-point :func:`sendrecv` has no meaning here (the
+    exchange of :mod:`jaxsem.gather_scatter` uses whole-axis permutations).
+    """
+
+    axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
+    size: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
 @functools.lru_cache(maxsize=1)
 def _mpi_world():
     """The cached MPI communicator (a duplicate of COMM_WORLD), or None on one process."""
@@ -167,7 +187,7 @@ def get_comm() -> Comm:
 
 
 def _check_comm(comm) -> None:
-    if not isinstance(comm, Comm):
+    if not isinstance(comm, (Comm, ShardComm)):
         raise TypeError(f"comm must be a jaxsem.comm.Comm (see get_comm()), got {type(comm).__name__}")
 
 
@@ -199,6 +219,8 @@ def allreduce_sum(x, comm: Comm):
         On one rank, ``x`` itself.
     """
     _check_comm(comm)
+    if isinstance(comm, ShardComm):
+        return jax.lax.psum(x, comm.axis_name)
     if comm.size == 1:
         return x
     import mpi4jax
@@ -239,6 +261,8 @@ def _mpi4jax():
 def allreduce_max(x, comm: Comm):
     """Elementwise maximum of ``x`` over all ranks (not differentiable); identity on one rank."""
     _check_comm(comm)
+    if isinstance(comm, ShardComm):
+        return jax.lax.pmax(x, comm.axis_name)
     if comm.size == 1:
         return x
     import mpi4jax
@@ -271,6 +295,8 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
         itself, which must then have shape ``S_recv`` (cast to ``D``).
     """
     _check_comm(comm)
+    if isinstance(comm, ShardComm):
+        raise TypeError("sendrecv needs an MPI Comm; with ShardComm exchange with lax.ppermute")
     source, dest = _rank_arg("source", source, comm), _rank_arg("dest", dest, comm)
     if not isinstance(recvbuf_template, jax.ShapeDtypeStruct):
         recvbuf_template = jnp.asarray(recvbuf_template)

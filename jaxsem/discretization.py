@@ -57,7 +57,7 @@ class SEM:
     order: int = dataclasses.field(metadata=dict(static=True))
     quadrature: str = dataclasses.field(metadata=dict(static=True))
     num_global: int = dataclasses.field(metadata=dict(static=True))
-    comm: Comm = dataclasses.field(metadata=dict(static=True), default=Comm())
+    comm: object = dataclasses.field(metadata=dict(static=True), default=Comm())
 
     @property
     def n(self) -> int:
@@ -131,7 +131,10 @@ def discretize(
         raise ValueError(f"numbering does not match the mesh: gid shape {numbering.gid.shape}")
     comm = get_comm() if comm is None else comm
     if not isinstance(comm, Comm):
-        raise TypeError(f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__}")
+        raise TypeError(
+            f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__} "
+            "(for several devices in one process use jaxsem.shard.discretize_sharded)"
+        )
     mask = np.ones(numbering.gid.shape)
     if dirichlet:
         mask[numbering.boundary_nodes()] = 0.0

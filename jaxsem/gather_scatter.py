@@ -47,11 +47,17 @@ class Exchange:
     ``idx[r]: (k_r,)`` int32 positions (in this rank's node sums) of the nodes
     shared with ``partners[r]`` in round r, ascending in global id (the order
     both sides agree on); ``partners[r] = -1`` when this rank sits out round r.
+    ``rounds[r]``: all rank pairs ``(a, b)`` exchanging in round r (the same on
+    every rank). With a :class:`jaxsem.comm.ShardComm` the partners are not
+    static per shard: each round is one ``lax.ppermute`` over ``rounds[r]`` in
+    both directions, and ``idx[r]`` is padded per shard to a common length with
+    positions of a zero slot (see :mod:`jaxsem.shard`).
     """
 
     idx: tuple
     partners: tuple = dataclasses.field(metadata=dict(static=True))
-    comm: _comm.Comm = dataclasses.field(metadata=dict(static=True))
+    comm: object = dataclasses.field(metadata=dict(static=True))
+    rounds: tuple = dataclasses.field(metadata=dict(static=True), default=())
 
     @property
     def neighbors(self) -> tuple:
@@ -60,6 +66,13 @@ class Exchange:
 
 def exchange_add(ex: Exchange, s):
     """Add the neighbours' partial sums of shared nodes to ``s: (..., num_nodes)``."""
+    if isinstance(ex.comm, _comm.ShardComm):
+        bufs = [(rnd, i, s[..., i]) for rnd, i in zip(ex.rounds, ex.idx)]
+        out = s
+        for rnd, i, buf in bufs:
+            perm = [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd]
+            out = out.at[..., i].add(jax.lax.ppermute(buf, ex.comm.axis_name, perm))
+        return out
     bufs = [(p, i, s[..., i]) for p, i in zip(ex.partners, ex.idx) if p >= 0]
     out = s
     for p, i, buf in bufs:
@@ -169,7 +182,8 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, lay
             continue
         shared = np.nonzero(has[comm.rank] & has[partner])[0]  # ascending global ids
         idx.append(jnp.asarray(np.searchsorted(uniq, shared).astype(np.int32)))
-    exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm)
+    exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm,
+                        rounds=tuple(tuple(map(tuple, rnd)) for rnd in rounds))
     plan = make_gs(lid.reshape(local_gid.shape), uniq.size, layout, dtype, counts=counts[uniq], exchange=exchange)
     return plan, elements
 
