@@ -1,0 +1,199 @@
+"""BP5 scaling over ranks/devices: time per PCG iteration, gather–scatter share.
+
+The distributed issue's measurement (bake-off paper §5–6 style, one process per
+GPU): for each global mesh size, BP5 (p = 7 by default) runs ``--iterations``
+Jacobi-PCG iterations as one compiled loop; we also time the gather–scatter
+alone (QQᵀ incl. the neighbour exchange) and the local operator alone, both as
+jitted loops of 20, so the gather–scatter share of an iteration is reported.
+Backends: ``mpi`` (run under ``mpirun -n P``; mpi4jax sendrecv/allreduce) and
+``shard`` (one process, ``--devices P``; shard_map + ppermute/psum, NCCL on GPUs).
+
+    mpirun -n 2 python experiments/scaling.py --backend mpi --sizes 16x16x16,32x32x16 --out r.json
+    python experiments/scaling.py --backend shard --devices 2 --sizes 16x16x16 --out s.json
+    python experiments/scaling.py --plot r1.json r2.json ...   # efficiency plots, PNG beside the first
+Default (CPU, seconds): --order 3 --sizes 4x4x4.
+Efficiencies (computed by --plot from runs with P = 1 and P = 2): strong
+η = t₁/(P·t_P) at equal global size; weak η = t₁/t_P at equal size per rank;
+n₀.₈ from the fit t(n) = t₀ + n/R∞ of the per-rank time per iteration.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+def parse_sizes(text):
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+
+
+def _timeit(fn, args, repeats):
+    jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def run_mpi(a):
+    import jaxsem
+    from jaxsem.comm import allreduce_sum, get_comm
+    from jaxsem.discretization import discretize
+    from jaxsem.mesh import box_mesh
+    from jaxsem.models import poisson
+    from jaxsem.solvers import pcg
+
+    comm = get_comm()
+    rows = []
+    for elements in parse_sizes(a.sizes):
+        t0 = time.perf_counter()
+        mesh = box_mesh(elements, a.order, deform=0.1)
+        sem = discretize(mesh, quadrature="gll", dirichlet=True, comm=comm)
+        b = poisson.load(sem, poisson.manufactured(5).f)
+        dinv = poisson.jacobi(sem)
+        jax.block_until_ready((sem, b, dinv))
+        setup = time.perf_counter() - t0
+        its = a.iterations
+
+        @jax.jit
+        def solve(sem, b, dinv):
+            return pcg(poisson.operator(sem), b, dot=sem.dot, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
+
+        reps = 20
+        loc = poisson.local_operator(sem)
+        gs_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u))
+        ax_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s)(v) * 1e-3, u))
+        t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
+        t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
+        t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
+        _, info = solve(sem, b, dinv)
+        E = int(np.prod(elements))
+        dofs = E * a.order**3
+        row = dict(backend="mpi", ranks=comm.size, elements=list(elements), num_elements=E, order=a.order,
+                   dofs=dofs, dofs_per_rank=dofs / comm.size, iterations=int(info.iterations),
+                   seconds=t_solve, seconds_per_iteration=t_solve / int(info.iterations),
+                   gs_seconds=t_gs, ax_seconds=t_ax, gs_share=t_gs / (t_solve / int(info.iterations)),
+                   dofs_per_second=dofs * int(info.iterations) / t_solve, setup_seconds=setup,
+                   neighbors=len(sem.gs.exchange.neighbors) if sem.gs.exchange else 0)
+        rows.append(row)
+        if comm.rank == 0:
+            print(f"mpi P={comm.size} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
+                  f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
+                  f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
+        del sem, b, dinv
+    return comm.rank, rows
+
+
+def run_shard(a):
+    from jaxsem import shard
+    from jaxsem.mesh import box_mesh
+
+    rows = []
+    devices = jax.devices()[: a.devices]
+    for elements in parse_sizes(a.sizes):
+        t0 = time.perf_counter()
+        mesh = box_mesh(elements, a.order, deform=0.1)
+        r = shard.bench_bp5_sharded(mesh, devices, iterations=a.iterations, repeats=a.repeats)
+        r.update(backend="shard", ranks=len(devices), elements=list(elements), setup_seconds=time.perf_counter() - t0)
+        rows.append(r)
+        print(f"shard P={len(devices)} E={elements} n={r['dofs']:.3e} iter {r['seconds_per_iteration']*1e3:8.3f} ms "
+              f"gs {r['gs_seconds']*1e3:7.3f} ms ({100*r['gs_share']:4.1f}%) {r['dofs_per_second']/1e9:6.2f} GDOF/s",
+              file=sys.stderr, flush=True)
+    return 0, rows
+
+
+def fit_n08(rows):
+    """Fit t = t0 + n/R over rows of one (backend, ranks); n per rank. Returns t0, R, n08 = 4 t0 R."""
+    n = np.array([r["dofs_per_rank"] for r in rows])
+    t = np.array([r["seconds_per_iteration"] for r in rows])
+    if len(n) < 2:
+        return None
+    A = np.stack([np.ones_like(n), n], 1)
+    (t0, inv_r), *_ = np.linalg.lstsq(A, t, rcond=None)
+    if inv_r <= 0:
+        return None
+    R = 1 / inv_r
+    return dict(t0=float(t0), R=float(R), n08=float(4 * t0 * R))
+
+
+def plot(paths):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for p in paths:
+        with open(p) as fh:
+            rows += json.load(fh)["rows"]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    summary = {}
+    for backend in sorted({r["backend"] for r in rows}):
+        for P in sorted({r["ranks"] for r in rows if r["backend"] == backend}):
+            rs = sorted((r for r in rows if r["backend"] == backend and r["ranks"] == P), key=lambda r: r["dofs"])
+            ax[0].plot([r["dofs_per_rank"] for r in rs], [r["dofs_per_second"] / P / 1e9 for r in rs], "o-",
+                       label=f"{backend}, P={P}")
+            summary[f"{backend}_P{P}"] = fit_n08(rs)
+    ax[0].set_xscale("log")
+    ax[0].set_xlabel("DOFs per rank (E·p³/P)")
+    ax[0].set_ylabel("GDOF/s per rank (BP5, 100 PCG iterations)")
+    ax[0].grid(True, which="both", alpha=0.3)
+    ax[0].legend()
+    # strong-scaling efficiency at equal global size
+    eff = []
+    for backend in sorted({r["backend"] for r in rows}):
+        one = {tuple(r["elements"]): r for r in rows if r["ranks"] == 1}
+        for r in rows:
+            if r["backend"] == backend and r["ranks"] > 1 and tuple(r["elements"]) in one:
+                r1 = one[tuple(r["elements"])]
+                eff.append(dict(backend=backend, ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
+                                strong_efficiency=r1["seconds_per_iteration"] / (r["ranks"] * r["seconds_per_iteration"])))
+        xs = [e for e in eff if e["backend"] == backend]
+        ax[1].plot([e["dofs"] for e in xs], [e["strong_efficiency"] for e in xs], "o-", label=f"{backend} strong η")
+    ax[1].set_xscale("log")
+    ax[1].axhline(0.9, color="k", ls="--", lw=0.8)
+    ax[1].set_xlabel("global DOFs")
+    ax[1].set_ylabel("η = t₁ / (P·t_P)")
+    ax[1].grid(True, which="both", alpha=0.3)
+    ax[1].legend()
+    fig.tight_layout()
+    out = os.path.splitext(paths[0])[0] + ".png"
+    fig.savefig(out, dpi=110)
+    print(out)
+    return dict(fits=summary, strong=eff)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["mpi", "shard"], default="mpi")
+    ap.add_argument("--devices", type=int, default=2, help="shard backend: number of devices")
+    ap.add_argument("--order", type=int, default=3)
+    ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
+    ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", nargs="+", default=None)
+    a = ap.parse_args(argv)
+    if a.plot:
+        print(json.dumps(plot(a.plot), indent=1))
+        return
+    rank, rows = (run_mpi if a.backend == "mpi" else run_shard)(a)
+    if rank == 0 and a.out:
+        dev = jax.devices()[0]
+        import jaxsem
+
+        with open(a.out, "w") as fh:
+            json.dump(dict(experiment="scaling", device=getattr(dev, "device_kind", dev.platform),
+                           jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
+                           command="python " + " ".join(sys.argv), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
