@@ -64,7 +64,7 @@ def run_mpi(a):
 
         @jax.jit
         def solve(sem, b, dinv):
-            return pcg(poisson.operator(sem), b, dot=sem.dot, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
+            return pcg(poisson.operator(sem), b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
 
         reps = 20
         loc = poisson.local_operator(sem)

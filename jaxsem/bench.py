@@ -312,7 +312,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
 
     def run(sem, b, dinv):
         A = poisson.operator(sem, h1, h2)
-        return pcg(A, b, dot=sem.dot, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
+        return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     _note(progress, "compiling...")
     t0 = time.perf_counter()

@@ -80,6 +80,11 @@ class SEM:
         """Σ u·v/multiplicity: the global inner product of continuous E-vectors."""
         return allreduce_sum(jnp.sum(u * v * self.gs.mult), self.comm)
 
+    def dots(self, pairs):
+        """Several weighted inner products ``[(u, v), …]`` with one all-reduce: ``(len(pairs),)``."""
+        local = jnp.stack([jnp.sum(u * v * self.gs.mult) for u, v in pairs])
+        return allreduce_sum(local, self.comm)
+
     def interpolate(self, f: Callable):
         """Nodal values ``f(x, y, z)`` at the GLL nodes: ``(E, n, n, n)`` or ``(k, E, n, n, n)``."""
         return jnp.asarray(f(self.x[0], self.x[1], self.x[2]))

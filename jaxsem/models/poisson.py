@@ -129,7 +129,7 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
-        precond=lambda r: dinv * r, tol=tol, maxiter=maxiter,
+        precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots,
     )
 
 

@@ -53,6 +53,7 @@ def pcg(
     x0=None,
     tol: float = 1e-10,
     maxiter: int = 1000,
+    dots: Callable | None = None,
 ):
     """Solve ``A x = b`` with preconditioned CG.
 
@@ -65,6 +66,9 @@ def pcg(
       x0: initial guess (zeros if None).
       tol: relative residual tolerance; 0 runs exactly ``maxiter`` iterations.
       maxiter: iteration cap (a static int ≥ 1).
+      dots: optional ``[(u1, v1), (u2, v2), …] -> array`` of several inner
+        products computed together (distributed: one all-reduce for (r, z)
+        and (r, r) instead of two); built from ``dot`` if None.
 
     Returns ``(x, PCGInfo)``.
     """
@@ -73,6 +77,8 @@ def pcg(
     if not tol >= 0:
         raise ValueError(f"tol must be >= 0, got {tol!r}")
     M = precond if precond is not None else (lambda r: r)
+    if dots is None:
+        dots = lambda pairs: jnp.stack([dot(u, v) for u, v in pairs])
     x = jnp.zeros_like(b) if x0 is None else x0
     r = b - A(x) if x0 is not None else b
     z = M(r)
@@ -93,10 +99,10 @@ def pcg(
         x = x + alpha * p
         r = r - alpha * w
         z = M(r)
-        rz_new = dot(r, z)
+        rz_new, rr = dots([(r, z), (r, r)])
         beta = _safe_div(rz_new, rz)
         p = z + beta * p
-        rn = jnp.sqrt(dot(r, r))
+        rn = jnp.sqrt(rr)
         hist = hist.at[it + 1].set(rn)
         return x, r, p, rz_new, it + 1, rn, hist
 
@@ -115,6 +121,7 @@ def linear_solve(
     precond: Callable | None = None,
     tol: float = 1e-10,
     maxiter: int = 1000,
+    dots: Callable | None = None,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -128,7 +135,7 @@ def linear_solve(
     Args: ``project`` as above; ``weight`` the inverse multiplicity E-vector
     (times the mask); others as :func:`pcg`. Returns ``(x, PCGInfo)``.
     """
-    run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter)
+    run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots)
 
     def solve(_, rhs):
         return run(project(rhs))
