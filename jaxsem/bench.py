@@ -39,7 +39,7 @@ import numpy as np
 
 from . import basis
 from .comm import allreduce_sum
-from .mesh import box_mesh
+from .mesh import _check_int_triple, box_mesh
 from .models import poisson
 from .operators.bk import BK_SPECS, bk_apply
 from .solvers.pcg import pcg
@@ -69,17 +69,7 @@ def _check_k(k, name="k"):
 
 
 def _check_elements(elements):
-    if isinstance(elements, (int, np.integer)) and not isinstance(elements, bool):
-        elements = (elements,) * 3
-    try:
-        ne = tuple(elements)
-    except TypeError:
-        raise TypeError(f"elements must be an int or 3 ints, got {elements!r}") from None
-    if len(ne) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in ne):
-        raise TypeError(f"elements must be an int or 3 ints, got {elements!r}")
-    if any(v < 1 for v in ne):
-        raise ValueError(f"elements must be >= 1 per axis, got {ne}")
-    return tuple(int(v) for v in ne)
+    return _check_int_triple(elements, "elements")
 
 
 def _check_positive_int(value, name):

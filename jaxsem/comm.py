@@ -248,15 +248,20 @@ def allreduce_sum(x, comm: Comm):
         Array of shape ``S`` and the dtype of ``x``: ``sum over ranks r of x_r``.
         On one rank, ``x`` itself.
     """
+    return _allreduce(x, comm, "SUM")
+
+
+def _allreduce(x, comm, op: str):
+    """All-reduce with ``op`` in {"SUM", "MAX"}: psum/pmax on a ShardComm, mpi4jax on MPI."""
     _check_comm(comm)
     if isinstance(comm, ShardComm):
-        return jax.lax.psum(x, comm.axis_name)
+        return (jax.lax.psum if op == "SUM" else jax.lax.pmax)(x, comm.axis_name)
     if comm.size == 1:
         return x
     import mpi4jax
     from mpi4py import MPI
 
-    return mpi4jax.allreduce(jnp.asarray(x), op=MPI.SUM, comm=_mpi_world())
+    return mpi4jax.allreduce(jnp.asarray(x), op=getattr(MPI, op), comm=_mpi_world())
 
 
 @functools.lru_cache(maxsize=1)
@@ -290,15 +295,7 @@ def _mpi4jax():
 
 def allreduce_max(x, comm: Comm):
     """Elementwise maximum of ``x`` over all ranks (not differentiable); identity on one rank."""
-    _check_comm(comm)
-    if isinstance(comm, ShardComm):
-        return jax.lax.pmax(x, comm.axis_name)
-    if comm.size == 1:
-        return x
-    import mpi4jax
-    from mpi4py import MPI
-
-    return mpi4jax.allreduce(jnp.asarray(x), op=MPI.MAX, comm=_mpi_world())
+    return _allreduce(x, comm, "MAX")
 
 
 def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
