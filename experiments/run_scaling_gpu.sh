@@ -12,7 +12,8 @@ ORDER=${ORDER:-7}
 SIZES=${SIZES:-8x8x8,16x8x8,16x16x8,16x16x16,32x16x16,32x32x16}
 WEAK1=${WEAK1:-32x30x30}
 WEAK2=${WEAK2:-64x30x30}
-STAGES=${STAGES:-install,exchange,mpi,shard}
+STAGES=${STAGES:-install,exchange,mpi1,mpi2,shard1,shard2}
+# run 1 (2026-11-22): STAGES=install,exchange,mpi1,mpi2; run 2: STAGES=install,mallopt,mpi2,shard2
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [[ $STAGES == *install* ]]; then
@@ -28,6 +29,10 @@ ex() {  # tag, then env assignments
   env "$@" mpirun -n 2 python3 experiments/exchange_bench.py --backend mpi --tag "$tag" --reps 20 --repeats 3 \
       --out $RES/exchange_mpi_$tag.json || echo "exchange variant $tag failed"
 }
+if [[ $STAGES == *mallopt* ]]; then  # run 2: host-staging fix (jaxsem.comm mallopt + message splitting) on/off
+  ex mallopt_on
+  ex mallopt_off JAXSEM_MALLOPT=0
+fi
 if [[ $STAGES == *exchange* ]]; then
   ex default
   ex ob1_vader OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
@@ -38,12 +43,16 @@ if [[ $STAGES == *exchange* ]]; then
   python3 experiments/exchange_bench.py --backend shard --reps 20 --repeats 3 --out $RES/exchange_shard.json
 fi
 
-if [[ $STAGES == *mpi* ]]; then
+if [[ $STAGES == *mpi1* ]]; then
   mpirun -n 1 python3 experiments/scaling.py --backend mpi --order $ORDER --sizes $SIZES,$WEAK1 --out $RES/scaling_mpi_P1.json
+fi
+if [[ $STAGES == *mpi2* ]]; then
   mpirun -n 2 python3 experiments/scaling.py --backend mpi --order $ORDER --sizes $SIZES,$WEAK1,$WEAK2 --out $RES/scaling_mpi_P2.json
 fi
-if [[ $STAGES == *shard* ]]; then
+if [[ $STAGES == *shard1* ]]; then
   python3 experiments/scaling.py --backend shard --devices 1 --order $ORDER --sizes $SIZES,$WEAK1 --out $RES/scaling_shard_P1.json
+fi
+if [[ $STAGES == *shard2* ]]; then
   python3 experiments/scaling.py --backend shard --devices 2 --order $ORDER --sizes $SIZES,$WEAK1,$WEAK2 --out $RES/scaling_shard_P2.json
 fi
 tar -czf $OUT/scaling_results.tar.gz -C $RES .

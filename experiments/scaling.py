@@ -94,18 +94,43 @@ def run_mpi(a):
 def run_shard(a):
     from jaxsem import shard
     from jaxsem.mesh import box_mesh
+    from jaxsem.models import poisson
+    from jaxsem.solvers import pcg
 
     rows = []
-    devices = jax.devices()[: a.devices]
+    P = a.devices
+    its, reps = a.iterations, 20
+    f = poisson.manufactured(5).f
     for elements in parse_sizes(a.sizes):
         t0 = time.perf_counter()
         mesh = box_mesh(elements, a.order, deform=0.1)
-        r = shard.bench_bp5_sharded(mesh, devices, iterations=a.iterations, repeats=a.repeats)
-        r.update(backend="shard", ranks=len(devices), elements=list(elements), setup_seconds=time.perf_counter() - t0)
-        rows.append(r)
-        print(f"shard P={len(devices)} E={elements} n={r['dofs']:.3e} iter {r['seconds_per_iteration']*1e3:8.3f} ms "
-              f"gs {r['gs_seconds']*1e3:7.3f} ms ({100*r['gs_share']:4.1f}%) {r['dofs_per_second']/1e9:6.2f} GDOF/s",
-              file=sys.stderr, flush=True)
+        sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P)
+        b, dinv = shard.shard_call(lambda s: (poisson.load(s, f), poisson.jacobi(s)), sem, mesh=dmesh)
+        jax.block_until_ready((sem, b, dinv))
+        setup = time.perf_counter() - t0
+        solve = jax.jit(shard.shard_fn(
+            lambda s, b, d: pcg(poisson.operator(s), b, dot=s.dot, dots=s.dots, precond=lambda r: d * r,
+                                tol=0.0, maxiter=its), dmesh))
+        gs_loop = jax.jit(shard.shard_fn(
+            lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u), dmesh))
+        ax_loop = jax.jit(shard.shard_fn(
+            lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s)(v) * 1e-3, u), dmesh))
+        t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
+        t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
+        t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
+        _, info = solve(sem, b, dinv)
+        n_it = int(np.asarray(info.iterations).ravel()[0])
+        E = int(np.prod(elements))
+        dofs = E * a.order**3
+        row = dict(backend="shard", ranks=P, elements=list(elements), num_elements=E, order=a.order,
+                   dofs=dofs, dofs_per_rank=dofs / P, iterations=n_it, seconds=t_solve,
+                   seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs, ax_seconds=t_ax,
+                   gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve, setup_seconds=setup)
+        rows.append(row)
+        print(f"shard P={P} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
+              f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
+              f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
+        del sem, b, dinv
     return 0, rows
 
 

@@ -1,0 +1,377 @@
+"""One process, several devices: ``jax.shard_map`` + ``lax.ppermute`` (NCCL on GPUs).
+
+The second distributed backend beside MPI (:mod:`jaxsem.comm`). One process
+builds every rank's part of the discretization (the plans are pure NumPy, see
+:func:`jaxsem.discretization.discretize` with ``comm=Comm(rank=r, size=P)``),
+pads them to common shapes, stacks them along a new leading axis of size P and
+shards that axis over P devices. Inside ``jax.shard_map`` each device sees an
+ordinary :class:`~jaxsem.discretization.SEM` whose ``comm`` is a
+:class:`~jaxsem.comm.ShardComm`: global sums are ``psum``, the gather–scatter
+exchange is one ``ppermute`` per round of rank pairs. Every model and solver
+runs unchanged on it.
+
+Typical use::
+
+    import jaxsem as js
+    from jaxsem import shard
+    from jaxsem.models import poisson
+
+    mesh = js.box_mesh((8, 8, 8), 7, deform=0.1)
+    sem_s, dmesh = shard.discretize_sharded(mesh, quadrature="gll", dirichlet=True)
+
+    # BPk bench/solve: a cached, jitted solver of stacked SEMs
+    solve = shard.bp_solver(dmesh, bp=5, tol=0.0, maxiter=100)
+    u_s, info = solve(sem_s)             # u_s: (P, E_max, n, n, n); info: PCGInfo of scalars
+    u = shard.gather_elements(u_s, sem_s)  # (E, n, n, n), global element order
+
+    # Any per-rank function ``fn(sem, *args)`` (written as for one rank):
+    run = jax.jit(shard.shard_fn(lambda sem, f: poisson.solve(sem, f, tol=1e-10), dmesh))
+    f_s = shard.distribute_elements(f_global, sem_s)   # (E, q, q, q) -> (P, E_max, q, q, q)
+    u_s, info_s = run(sem_s, f_s)        # every output gets a leading (P,) axis; info_s.iterations[0]
+
+Padding (ranks may hold different numbers of elements and nodes): rank r's
+``E_r`` elements come first, then ``E_max - E_r`` *dummy* elements with
+``G = B = bmass = mask = mult = 0`` (``x``, ``xq``, ``jac``, ``rx`` copied from
+the rank's first element so nothing is NaN) and ``elements = -1``. All dummy
+nodes share one extra "trash" node (local id ``N_max``, so ``gs.num_global =
+N_max + 1``), and each exchange round's index list is padded to the longest in
+that round with the trash position. The two ranks of a pair share the same
+number of nodes, so their padded tails line up: trash is only ever added to
+trash, never to a real node. After a gather–scatter the dummy elements hold
+unspecified (finite) values; everything the solvers use is multiplied by
+``mask``/``mult``/``G`` (all 0 there), so results on real elements are exactly
+those of an unpadded rank. Don't read dummy values; :func:`gather_elements`
+drops them. Inside a shard ``sem.num_elements`` is ``E_max`` (dummies
+included): count DOFs from the mesh. Functions that integrate over ``sem.x``
+themselves (``poisson.relative_errors``) would count the dummies: evaluate
+them on the gathered solution with a serial SEM instead.
+
+Stacked arrays: a per-rank field of shape ``(..., E_max, n, n, n)`` is stored
+as ``(P, ..., E_max, n, n, n)`` sharded over its first axis (spec
+``PartitionSpec(axis_name)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+from .comm import Comm, ShardComm
+from .discretization import SEM, discretize
+from .gather_scatter import Exchange, GatherScatter
+from .mesh import Mesh
+from .numbering import number_nodes
+from .partition import partition_mesh
+
+__all__ = [
+    "discretize_sharded", "bp_discretize_sharded", "shard_fn", "shard_call",
+    "distribute_elements", "gather_elements", "bp_solver", "run_pcg_sharded", "shard_map",
+]
+
+
+def shard_map(f, mesh, in_specs, out_specs):
+    """``jax.shard_map`` (jax ≥ 0.10), else ``jax.experimental.shard_map.shard_map``.
+
+    Varying-manual-axes checking is off (``check_vma=False``): the solvers'
+    ``lax.custom_linear_solve`` returns a sharded solution together with
+    replicated (psum'd) info, which the checker rejects.
+    """
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map as _sm  # pragma: no cover
+
+    return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
+    """Pad ``a`` along ``axis`` to ``size``: ``fill`` is a scalar or ``"copy0"`` (repeat index 0)."""
+    k = size - a.shape[axis]
+    if k == 0:
+        return a
+    if isinstance(fill, str):
+        extra = np.repeat(np.take(a, [0], axis=axis), k, axis=axis)
+    else:
+        shape = list(a.shape)
+        shape[axis] = k
+        extra = np.full(shape, fill, dtype=a.dtype)
+    return np.concatenate([a, extra], axis=axis)
+
+
+def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm) -> SEM:
+    """Rank-local SEM (NumPy leaves) padded to ``E_max`` elements and ``N_max + 1`` nodes."""
+    n3 = sem.n**3
+    E = sem.num_elements
+    L, L_max, trash = E * n3, E_max * n3, N_max
+    h = lambda a: np.asarray(a)
+    g = sem.geom
+    geom = dataclasses.replace(
+        g,
+        G=_pad_axis(h(g.G), 1, E_max, 0),
+        B=_pad_axis(h(g.B), 0, E_max, 0),
+        jac=_pad_axis(h(g.jac), 0, E_max, "copy0"),
+        rx=_pad_axis(h(g.rx), 2, E_max, "copy0"),
+        xq=_pad_axis(h(g.xq), 1, E_max, "copy0"),
+    )
+    gs = sem.gs
+    gid = h(gs.gid)
+    it = gid.dtype
+    copies = h(gs.copies)
+    copies = np.where(copies == L, L_max, copies)  # the zero slot moves to the new end
+    copies_p = np.full((N_max + 1, width), L_max, dtype=it)  # trash row: no copies, sum 0
+    copies_p[: copies.shape[0], : copies.shape[1]] = copies
+    if gs.exchange is None:
+        exchange = None
+    else:
+        ex = gs.exchange
+        idx = tuple(np.concatenate([h(i).astype(np.int32), np.full(k - h(i).size, trash, np.int32)])
+                    for i, k in zip(ex.idx, round_len))
+        exchange = Exchange(idx=idx, partners=(-1,) * len(idx), comm=comm, rounds=ex.rounds)
+    plan = GatherScatter(
+        gid=np.concatenate([gid, np.full(L_max - L, trash, it)]),
+        perm=np.concatenate([h(gs.perm), np.arange(L, L_max, dtype=it)]),
+        gid_sorted=np.concatenate([h(gs.gid_sorted), np.full(L_max - L, trash, it)]),
+        copies=copies_p,
+        mult=_pad_axis(h(gs.mult), 0, E_max, 0),
+        num_global=N_max + 1,
+        layout=gs.layout,
+        exchange=exchange,
+    )
+    return dataclasses.replace(
+        sem,
+        x=_pad_axis(h(sem.x), 1, E_max, "copy0"),
+        D=h(sem.D), J=h(sem.J), Dt=h(sem.Dt),
+        geom=geom,
+        gs=plan,
+        mask=_pad_axis(h(sem.mask), 0, E_max, 0),
+        bmass=_pad_axis(h(sem.bmass), 0, E_max, 0),
+        elements=_pad_axis(h(sem.elements).astype(np.int64), 0, E_max, -1),
+        comm=comm,
+    )
+
+
+def _device_mesh(devices, axis_name: str) -> jax.sharding.Mesh:
+    if devices is None:
+        devices = jax.devices()
+    elif isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+        if not 1 <= devices <= len(jax.devices()):
+            raise ValueError(f"devices must be in [1, {len(jax.devices())}] (available devices), got {devices}")
+        devices = jax.devices()[: int(devices)]
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices must not be empty")
+    return jax.sharding.Mesh(np.asarray(devices), (axis_name,))
+
+
+def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
+                       **discretize_kwargs):
+    """Discretize ``mesh`` over P devices of this process, as stacked, sharded rank parts.
+
+    Args:
+      mesh: a :class:`jaxsem.mesh.Mesh` with at least P elements.
+      devices: a sequence of devices, an int P (the first P of ``jax.devices()``),
+        or None (all devices).
+      axis_name: name of the device-mesh axis (and of the ``ShardComm``).
+      partition: ``(E,)`` rank in ``[0, P)`` of each element (default
+        :func:`jaxsem.partition.partition_mesh`); every rank needs ≥ 1 element.
+      **discretize_kwargs: ``quadrature``, ``dirichlet``, ``gs_layout``,
+        ``dtype``, ``q``, ``numbering`` of :func:`jaxsem.discretize`.
+
+    Returns:
+      ``(sem_stacked, device_mesh)``: ``sem_stacked`` is a :class:`SEM` whose
+      every leaf has a leading axis of size P sharded with
+      ``NamedSharding(device_mesh, PartitionSpec(axis_name))`` — e.g. ``x: (P,
+      3, E_max, n, n, n)``, ``mask: (P, E_max, n, n, n)``, ``elements: (P,
+      E_max)`` (global element indices, −1 for dummies), ``gs.gid: (P, E_max·n³)``;
+      its static ``comm`` is ``ShardComm(axis_name, P)``. Use it through
+      :func:`shard_fn` / :func:`shard_call`. ``device_mesh``: the
+      ``jax.sharding.Mesh`` with one axis ``axis_name`` of size P.
+    """
+    if "comm" in discretize_kwargs:
+        raise TypeError("discretize_sharded sets 'comm' itself (ShardComm)")
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    dmesh = _device_mesh(devices, axis_name)
+    P = dmesh.devices.size
+    part = partition_mesh(mesh, P) if partition is None else np.asarray(partition)
+    if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= P:
+        raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {P})")
+    empty = np.setdiff1d(np.arange(P), part)
+    if empty.size:
+        raise ValueError(f"ranks {empty.tolist()} have no elements in the partition")
+    if discretize_kwargs.get("numbering") is None:
+        discretize_kwargs["numbering"] = number_nodes(mesh)
+    sems = [discretize(mesh, comm=Comm(rank=r, size=P), partition=part, **discretize_kwargs) for r in range(P)]
+    E_max = max(s.num_elements for s in sems)
+    N_max = max(s.gs.num_global for s in sems)
+    width = max(int(s.gs.copies.shape[1]) for s in sems)
+    ex0 = sems[0].gs.exchange
+    nrounds = 0 if ex0 is None else len(ex0.idx)
+    round_len = [max(int(s.gs.exchange.idx[k].shape[0]) for s in sems) for k in range(nrounds)]
+    comm = ShardComm(axis_name=axis_name, size=P)
+    padded = [_pad_rank(s, E_max, N_max, width, round_len, comm) for s in sems]
+    sharding = NamedSharding(dmesh, PS(axis_name))
+    stacked = jax.tree.map(lambda *a: jax.device_put(np.stack(a), sharding), *padded)
+    return stacked, dmesh
+
+
+def bp_discretize_sharded(mesh: Mesh, bp: int, devices=None, axis_name: str = "ranks", partition=None, **kw):
+    """:func:`discretize_sharded` with BPk's quadrature and boundary conditions."""
+    from .models.poisson import _check_bp
+
+    spec = _check_bp(bp)
+    return discretize_sharded(mesh, devices, axis_name, partition, quadrature=spec.quadrature,
+                              dirichlet=spec.dirichlet, **kw)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _axis(dmesh) -> str:
+    if len(dmesh.axis_names) != 1:
+        raise ValueError(f"expected a one-axis device mesh, got axes {dmesh.axis_names}")
+    return dmesh.axis_names[0]
+
+
+def shard_fn(fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
+    """Turn a per-rank function into one of stacked arguments (not jitted: wrap in ``jax.jit``).
+
+    Args:
+      fn: ``fn(sem, *args) -> pytree of arrays``, written as for one rank
+        (``sem`` an ordinary rank-local SEM with a ShardComm; ``args`` rank-local).
+      mesh: the device mesh from :func:`discretize_sharded`.
+
+    Returns:
+      ``g(sem_stacked, *args_stacked)``: every leaf of every argument has the
+      leading (P,) axis (see :func:`distribute_elements`); inside each shard it
+      is squeezed away before ``fn`` runs, and put back on every output leaf, so
+      a per-rank ``(E_max, n, n, n)`` result comes back as ``(P, E_max, n, n,
+      n)`` and a global scalar (psum'd, the same on every rank) as ``(P,)``
+      (take ``[0]``). Differentiable: ``jax.grad`` of ``g(...)[0]`` (or of
+      the mean of the P copies) of a psum'd loss gives each rank its own part
+      of the gradient; the *sum* of the P copies would give P times it.
+    """
+    spec = PS(_axis(mesh))
+
+    def local(*stacked):
+        out = fn(*jax.tree.map(lambda a: a[0], stacked))
+        return jax.tree.map(lambda a: jnp.asarray(a)[None], out)
+
+    def g(*stacked):
+        return shard_map(local, mesh, in_specs=(spec,) * len(stacked), out_specs=spec)(*stacked)
+
+    return g
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted(fn, mesh):
+    return jax.jit(shard_fn(fn, mesh))
+
+
+def shard_call(fn: Callable, sem_stacked: SEM, *args, mesh: jax.sharding.Mesh):
+    """``jax.jit(shard_fn(fn, mesh))(sem_stacked, *args)``, compiled once per ``(fn, mesh)``.
+
+    Pass a module-level function (not a fresh lambda) to reuse the compilation.
+    """
+    return _jitted(fn, mesh)(sem_stacked, *args)
+
+
+def _locate(sem_stacked: SEM):
+    el = np.asarray(sem_stacked.elements)  # (P, E_max), -1 for dummies
+    r, l = np.nonzero(el >= 0)
+    E = int(el.max()) + 1
+    rank = np.full(E, -1, np.int64)
+    loc = np.full(E, -1, np.int64)
+    rank[el[r, l]], loc[el[r, l]] = r, l
+    if np.any(rank < 0):
+        raise ValueError("sem_stacked.elements does not cover 0..E-1")
+    return el, rank, loc
+
+
+def gather_elements(u_stacked, sem_stacked: SEM, axis: int = -4):
+    """Assemble a global array from the shards, dropping dummy elements.
+
+    Args:
+      u_stacked: ``(P, *lead, E_max, *trail)`` (e.g. ``(P, 3, E_max, n, n, n)``).
+      sem_stacked: from :func:`discretize_sharded` (its ``elements`` must be concrete).
+      axis: position of the element axis in the per-rank array (default −4,
+        i.e. ``(..., E, n, n, n)`` or ``(..., E, q, q, q)``).
+    Returns ``(*lead, E, *trail)`` in global element order. Differentiable.
+    """
+    _, rank, loc = _locate(sem_stacked)
+    xp = jnp if isinstance(u_stacked, jax.core.Tracer) else np  # host-side when concrete
+    u = xp.asarray(u_stacked)
+    ax = axis % (u.ndim - 1)
+    v = xp.moveaxis(u, ax + 1, 1)[rank, loc]  # (E, rest)
+    return jnp.asarray(xp.moveaxis(v, 0, ax))
+
+
+def distribute_elements(u_global, sem_stacked: SEM, axis: int = -4, fill: float = 0.0):
+    """Split a global per-element array into the stacked, sharded rank layout.
+
+    Args:
+      u_global: ``(*lead, E, *trail)``, global element order (e.g. a source at
+        the quadrature points ``(E, q, q, q)``).
+      axis: position of the element axis (default −4).
+      fill: value on dummy elements.
+    Returns ``(P, *lead, E_max, *trail)`` sharded like ``sem_stacked``
+    (the inverse of :func:`gather_elements`). Differentiable.
+    """
+    el, _, _ = _locate(sem_stacked)
+    traced = isinstance(u_global, jax.core.Tracer)
+    xp = jnp if traced else np  # host-side when concrete
+    u = xp.asarray(u_global)
+    ax = axis % u.ndim
+    v = xp.moveaxis(u, ax, 0)[np.maximum(el, 0)]  # (P, E_max, rest)
+    valid = (el >= 0).reshape(el.shape + (1,) * (v.ndim - 2))
+    v = xp.where(valid, v, xp.asarray(fill, v.dtype))
+    out = xp.moveaxis(v, 1, ax + 1)
+    sharding = sem_stacked.mask.sharding
+    if traced or not isinstance(sharding, NamedSharding):
+        return jnp.asarray(out)
+    return jax.device_put(out, NamedSharding(sharding.mesh, PS(*sharding.spec[:1])))
+
+
+# --------------------------------------------------------------------------- BP solves
+
+
+@functools.lru_cache(maxsize=32)
+def bp_solver(mesh: jax.sharding.Mesh, bp: int, tol: float = 0.0, maxiter: int = 100) -> Callable:
+    """A jitted solver of BPk on stacked SEMs (compiled once per ``sem_stacked`` shape).
+
+    The right-hand side is BPk's manufactured source
+    (:func:`jaxsem.models.poisson.manufactured`) loaded at the quadrature
+    points; ``tol = 0`` runs exactly ``maxiter`` iterations (the bake-off mode).
+
+    Returns ``solve(sem_stacked) -> (u_stacked, info)``: ``u_stacked: (P, E_max,
+    n, n, n)`` (BP1/3/5) or ``(P, 3, E_max, n, n, n)`` (BP2/4/6); ``info`` a
+    :class:`jaxsem.solvers.PCGInfo` of global values (``iterations`` a scalar,
+    ``history (maxiter + 1,)``).
+    """
+    from .models import poisson
+
+    ms = poisson.manufactured(bp)
+    h1, h2 = poisson.coefficients(bp)
+    fn = shard_fn(lambda sem: poisson.solve(sem, ms.f, h1, h2, tol=tol, maxiter=maxiter), mesh)
+
+    @jax.jit
+    def solve(sem_stacked):
+        u, info = fn(sem_stacked)
+        return u, jax.tree.map(lambda a: a[0], info)
+
+    return solve
+
+
+def run_pcg_sharded(sem_stacked: SEM, mesh: jax.sharding.Mesh, bp: int, iterations: int = 100,
+                    tol: float = 0.0):
+    """``bp_solver(mesh, bp, tol, iterations)(sem_stacked)``: BPk, returns ``(u_stacked, info)``."""
+    return bp_solver(mesh, int(bp), float(tol), int(iterations))(sem_stacked)

@@ -1,0 +1,150 @@
+"""Sharded (shard_map + ppermute) SEM equals serial SEM: run as a script.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \\
+        python tests/shard_check.py P
+
+(the flags must be set before jax is imported, hence a separate process; see
+tests/test_shard.py). Builds the same meshes serially (``Comm()``) and sharded
+over the first P devices, compares, prints one line ``RESULT <json>`` with
+every measured number and a list of failed checks, and exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+if "jax" in sys.modules:  # pragma: no cover
+    raise RuntimeError("shard_check.py must set XLA_FLAGS before jax is imported")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+from jaxsem import shard  # noqa: E402
+from jaxsem.comm import Comm, ShardComm  # noqa: E402
+from jaxsem.discretization import discretize  # noqa: E402
+from jaxsem.mesh import box_mesh  # noqa: E402
+from jaxsem.models import poisson  # noqa: E402
+
+RESULTS: dict = {}
+FAILED: list = []
+
+
+def check(name, value, ok):
+    RESULTS[name] = value
+    if not ok:
+        FAILED.append(name)
+
+
+def rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def uneven_partition(E, P):
+    part = np.minimum(np.arange(E) * P // (E + 2), P - 1)
+    part[-1] = P - 1
+    return part
+
+
+def dssum_dot(sem, v):
+    return sem.dssum(v), sem.dot(v[0], v[1])
+
+
+def check_gather_scatter(P):
+    cases = [
+        ("gs_box", box_mesh((4, 3, 2), 3, deform=0.05), "segment", None),
+        ("gs_periodic_x", box_mesh((2, 2, 2), 3, periodic=(True, False, False), deform=0.05), "padded", None),
+        ("gs_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), "sorted", None),
+        ("gs_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "segment", "uneven"),
+    ]
+    for name, mesh, layout, part in cases:
+        part = uneven_partition(mesh.num_elements, P) if part == "uneven" else None
+        serial = discretize(mesh, comm=Comm(), gs_layout=layout)
+        ss, dm = shard.discretize_sharded(mesh, devices=P, partition=part, gs_layout=layout)
+        assert ss.comm == ShardComm("ranks", P) and ss.x.shape[0] == P
+        rng = np.random.default_rng(0)
+        u = rng.standard_normal((3,) + serial.mask.shape)
+        us = np.array(shard.distribute_elements(u, ss))
+        # garbage on the dummy elements must not reach real ones
+        dummy = np.broadcast_to((np.asarray(ss.elements) < 0)[:, None, :, None, None, None], us.shape)
+        us[dummy] = 1e3 * rng.standard_normal(int(dummy.sum()))
+        out, d = shard.shard_call(dssum_dot, ss, us, mesh=dm)
+        out = np.asarray(out)
+        ref, d_ref = jax.jit(dssum_dot)(serial, u)
+        err = rel(shard.gather_elements(out, ss), ref)
+        check(f"{name}_err", err, err < 1e-13)
+        check(f"{name}_finite", bool(np.all(np.isfinite(out))), bool(np.all(np.isfinite(out))))
+        m_err = float(np.max(np.abs(np.asarray(shard.gather_elements(ss.mult, ss)) - np.asarray(serial.mult))))
+        check(f"{name}_mult_err", m_err, m_err == 0.0)
+        d_err = abs(float(d[0]) - float(d_ref))
+        check(f"{name}_dot_err", d_err, d_err < 1e-12)
+        if part is not None:
+            sizes = np.sum(np.asarray(ss.elements) >= 0, axis=1).tolist()
+            check(f"{name}_sizes", sizes, len(set(sizes)) > 1 and sum(sizes) == mesh.num_elements)
+
+
+def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
+    ms = poisson.manufactured(bp)
+    h1, h2 = poisson.coefficients(bp)
+    serial = poisson.bp_discretize(mesh, bp, comm=Comm())
+    us, info_s = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))(serial)
+    ss, dm = shard.bp_discretize_sharded(mesh, bp, devices=P, partition=partition)
+    ud, info_d = shard.run_pcg_sharded(ss, dm, bp, iterations=maxiter, tol=tol)
+    err = rel(shard.gather_elements(ud, ss), us)
+    check(f"{name}_err", err, err < 1e-12)
+    check(f"{name}_iterations", [int(info_d.iterations), int(info_s.iterations)],
+          int(info_d.iterations) == int(info_s.iterations) and (tol > 0 or int(info_d.iterations) == maxiter))
+    if tol > 0:
+        check(f"{name}_converged", bool(info_d.converged), bool(info_d.converged))
+    r_err = abs(float(info_d.residual) - float(info_s.residual)) / float(info_s.residual0)
+    check(f"{name}_residual_err", r_err, r_err < 1e-12)
+
+
+def grad_loss(sem, f):
+    u, _ = poisson.solve(sem, f, 1.0, 0.0, tol=1e-13)
+    return sem.dot(u, u)
+
+
+def check_grad(P):
+    mesh = box_mesh((2, 2, 2), 3, deform=0.1, periodic=(True, False, False))
+    serial = poisson.bp_discretize(mesh, 3, comm=Comm())
+    f = 1.0 + np.random.default_rng(1).uniform(size=serial.geom.B.shape)
+    l_s, g_s = jax.jit(jax.value_and_grad(grad_loss, argnums=1))(serial, f)
+    ss, dm = shard.bp_discretize_sharded(mesh, 3, devices=P)
+    loss = shard.shard_fn(grad_loss, dm)
+    # the loss is psum'd (the same on every shard): differentiate one copy of it
+    # (summing the P copies would give P times the gradient)
+    l_d, g_d = jax.jit(jax.value_and_grad(lambda s, fs: loss(s, fs)[0], argnums=1))(
+        ss, shard.distribute_elements(f, ss))
+    l_err = abs(float(l_d) - float(l_s)) / float(l_s)
+    check("periodic_loss_err", l_err, l_err < 1e-12)
+    err = rel(shard.gather_elements(g_d, ss), g_s)
+    check("grad_f_err", err, err < 1e-11)
+
+
+def main(P):
+    t0 = time.perf_counter()
+    if len(jax.devices()) < P:
+        raise SystemExit(f"need {P} devices, have {len(jax.devices())}")
+    check_gather_scatter(P)
+    check_bp(P, 5, box_mesh((3, 2, 2), 3, deform=0.1), "bp5")
+    check_bp(P, 4, box_mesh((3, 2, 2), 3, deform=0.1), "bp4")
+    m = box_mesh((5, 3, 1), 2, deform=0.1)
+    check_bp(P, 5, m, "bp5_uneven_fixed17", partition=uneven_partition(m.num_elements, P), tol=0.0, maxiter=17)
+    check_grad(P)
+    RESULTS["seconds"] = round(time.perf_counter() - t0, 2)
+    RESULTS["P"] = P
+    RESULTS["failed"] = FAILED
+    print("RESULT " + json.dumps(RESULTS), flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 4))
