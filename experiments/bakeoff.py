@@ -74,9 +74,10 @@ def run(args):
             sem = sems[key]
             try:
                 if prob.startswith("bk"):
-                    r = bench.time_bk(spec, sem, repeats=args.repeats)
+                    r = bench.time_bk(spec, sem, repeats=args.repeats, impl=args.impl)
                 else:
-                    r = bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2))
+                    r = bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2),
+                                      impl=args.impl)
             except Exception as exc:  # out of memory at large p/size: record, go on
                 r = dict(problem=prob, order=order, error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 print(f"{prob} p={order}: {r['error']}", file=sys.stderr)
@@ -133,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--max-per-axis", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--impl", default="einsum", choices=["einsum", "auto", "pallas"],
+                    help="BK5/BK6 stiffness kernel (auto: fused Pallas on GPU)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)

@@ -214,8 +214,22 @@ def bench_bk(
     return _rates(result, bandwidth)
 
 
-def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None) -> dict:
-    """Time BK ``spec`` on an existing discretization ``sem`` (see :func:`bench_bk`)."""
+def _impl_used(spec, impl, u):
+    """Which stiffness kernel ``impl`` resolves to for this problem (for the record)."""
+    from .operators.fused import _default_interpret, fused_supported
+
+    if spec.operator != "stiffness" or spec.quadrature != "gll":
+        return "einsum"
+    if impl == "auto":
+        return "pallas" if (not _default_interpret() and fused_supported(u)) else "einsum"
+    return impl
+
+
+def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: str = "auto") -> dict:
+    """Time BK ``spec`` on an existing discretization ``sem`` (see :func:`bench_bk`).
+
+    ``impl``: BK5/BK6 kernel — ``"auto"`` (fused Pallas on GPU), ``"einsum"``, ``"pallas"``.
+    """
     shape = ((3,) if spec.components == 3 else ()) + sem.mask.shape
     dt = sem.x.dtype
     u = jax.random.normal(jax.random.PRNGKey(seed), shape, dt)
@@ -223,7 +237,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None) -> dict:
 
     _note(progress, "compiling...")
     t0 = time.perf_counter()
-    fn = jax.jit(lambda u, J, Dt, G, B: bk_apply(spec, u, J, Dt, G, B)).lower(*args).compile()
+    fn = jax.jit(lambda u, J, Dt, G, B: bk_apply(spec, u, J, Dt, G, B, impl=impl)).lower(*args).compile()
     jax.block_until_ready(fn(*args))  # warm-up
     compile_s = time.perf_counter() - t0
 
@@ -234,7 +248,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None) -> dict:
     points = E * sem.order**3
     dofs = spec.components * points
     return dict(
-        problem=f"bk{spec.number}", order=sem.order, num_elements=E,
+        problem=f"bk{spec.number}", impl=_impl_used(spec, impl, u), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(dt).name,
         iterations=1, repeats=repeats, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs / seconds,
@@ -288,7 +302,7 @@ def bench_bp(
     return _rates(result, bandwidth)
 
 
-def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -> dict:
+def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, impl: str = "auto") -> dict:
     """Time ``iterations`` PCG iterations of BP ``spec`` on ``sem`` (see :func:`bench_bp`).
 
     ``sem`` must carry BP ``spec``'s quadrature and boundary conditions.
@@ -301,7 +315,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     jax.block_until_ready(args)
 
     def run(sem, b, dinv):
-        A = poisson.operator(sem, h1, h2)
+        A = poisson.operator(sem, h1, h2, impl=impl)
         return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     _note(progress, "compiling...")
@@ -319,7 +333,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     dofs = spec.components * points
     r0 = float(info.residual0)
     return dict(
-        problem=f"bp{k}", order=sem.order, num_elements=E,
+        problem=f"bp{k}", impl=_impl_used(spec, impl, b), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

@@ -24,6 +24,7 @@ from ..comm import allreduce_max, allreduce_sum
 from ..discretization import SEM, discretize
 from ..mesh import Mesh
 from ..operators import BK_SPECS, mass, mass_diagonal, stiffness, stiffness_diagonal, stiffness_gll
+from ..operators.fused import stiffness_gll_auto
 from ..operators.tensor import interp, interp_t
 from ..solvers import pcg
 from ..solvers.pcg import linear_solve
@@ -58,10 +59,14 @@ def _is_zero(h):
     return isinstance(h, (int, float)) and h == 0
 
 
-def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
+def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
     """Element operator u ↦ h₁A_e u + h₂B_e u (no assembly) for ``u: (..., E, n, n, n)``.
 
     ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``.
+    ``impl``: the collocated stiffness's implementation (``"einsum"``,
+    ``"pallas"``, ``"auto"``; :mod:`jaxsem.operators.fused`). The fused kernel
+    has reverse-mode rules only: keep ``"einsum"`` inside solves that are
+    differentiated with respect to coefficients or geometry.
     """
     g = sem.geom
     coll = sem.quadrature == "gll"
@@ -70,7 +75,7 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
         w = 0.0
         if not _is_zero(h1):
             h = None if (isinstance(h1, (int, float)) and h1 == 1) else h1
-            w = stiffness_gll(u, sem.D, g.G, h) if coll else stiffness(u, sem.J, sem.Dt, g.G, h)
+            w = stiffness_gll_auto(u, sem.D, g.G, h, impl=impl) if coll else stiffness(u, sem.J, sem.Dt, g.G, h)
         if not _is_zero(h2):
             h = None if (isinstance(h2, (int, float)) and h2 == 1) else h2
             w = w + ((g.B if h is None else g.B * h) * u if coll else mass(u, sem.J, g.B, h))
@@ -79,9 +84,9 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
     return apply
 
 
-def operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
-    """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u."""
-    loc = local_operator(sem, h1, h2)
+def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
+    """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u (``impl``: see :func:`local_operator`)."""
+    loc = local_operator(sem, h1, h2, impl)
     return lambda u: sem.mask * sem.dssum(loc(u))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from .mass import mass, mass_diagonal
+from .fused import stiffness_gll_auto
 from .stiffness import stiffness, stiffness_diagonal, stiffness_gll
 
 
@@ -48,16 +49,18 @@ BK_SPECS = {
 }
 
 
-def bk_apply(spec: BKSpec, u, J, Dt, G, B):
+def bk_apply(spec: BKSpec, u, J, Dt, G, B, impl: str = "einsum"):
     """Apply BK ``spec`` to ``u: (E, n, n, n)`` or ``(3, E, n, n, n)``.
 
     ``J, Dt: (q, n)`` from :func:`jaxsem.geometry.quadrature`; ``G: (6, E, q, q, q)``,
     ``B: (E, q, q, q)`` from :func:`jaxsem.geometry.geometric_factors`.
+    ``impl`` (BK5/BK6 only): ``"einsum"`` reference, ``"pallas"`` fused kernel,
+    or ``"auto"`` (Pallas on GPU) — see :mod:`jaxsem.operators.fused`.
     """
     if spec.operator == "mass":
         return mass(u, J, B)
     if spec.quadrature == "gll":
-        return stiffness_gll(u, Dt, G)
+        return stiffness_gll_auto(u, Dt, G, impl=impl)
     return stiffness(u, J, Dt, G)
 
 
