@@ -39,6 +39,7 @@ class SEM:
       bmass: ``(E, n, n, n)`` assembled-ready diagonal GLL mass (w·jac on GLL nodes),
         used for L2 norms of E-vectors.
       elements: ``(E,)`` global indices of this rank's elements (all on one rank).
+      w: ``(q,)`` weights of the operator's quadrature rule.
       order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
 
     Distributed, each rank holds only its elements; ``dot``, ``integrate`` and
@@ -54,6 +55,7 @@ class SEM:
     mask: jax.Array
     bmass: jax.Array
     elements: jax.Array
+    w: jax.Array
     order: int = dataclasses.field(metadata=dict(static=True))
     quadrature: str = dataclasses.field(metadata=dict(static=True))
     num_global: int = dataclasses.field(metadata=dict(static=True))
@@ -71,6 +73,27 @@ class SEM:
     def mult(self):
         """``(E, n, n, n)`` inverse multiplicity."""
         return self.gs.mult
+
+    def with_coordinates(self, x):
+        """The same discretization with node coordinates ``x: (3, E, n, n, n)``.
+
+        Geometry (G, B, Jacobians, mass weights) is recomputed from ``x`` with
+        ``jnp``, so ``jax.grad`` through a solve on the result gives shape
+        derivatives. Topology, numbering and masks are kept.
+        """
+        x = jnp.asarray(x, self.x.dtype)
+        if x.shape != self.x.shape:
+            raise ValueError(f"x must have shape {self.x.shape}, got {x.shape}")
+        coll = self.quadrature == "gll"
+        geom = geo._factors(x, self.J, self.Dt, self.w, coll)
+        if coll:
+            bmass = geom.B
+        else:
+            from . import basis
+
+            wg = jnp.asarray(basis.gll_points(self.order)[1], x.dtype)
+            bmass = geo._factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
+        return dataclasses.replace(self, x=x, geom=geom, bmass=bmass)
 
     def dssum(self, u):
         """QQᵀ u (direct stiffness summation) of ``u: (..., E, n, n, n)``."""
@@ -166,6 +189,7 @@ def discretize(
         mask=cast(mask[elements]),
         bmass=cast(gll.B),
         elements=jnp.asarray(elements),
+        w=cast(quad.w),
         order=mesh.order,
         quadrature=quadrature,
         num_global=numbering.num_global,
