@@ -92,3 +92,32 @@ def test_solution_info_and_adjoint_are_consistent(small_problem):
     # u is continuous and zero on the Dirichlet boundary
     assert float(jnp.abs(sem.dssum(sem.mult * u) - u).max()) < 1e-14
     assert float(jnp.abs(u * (1 - sem.mask)).max()) == 0.0
+
+
+def test_single_reduction_cg_has_the_classic_iterates():
+    mesh = box_mesh((2, 2, 2), order=4, deform=0.1)
+    sem = poisson.bp_discretize(mesh, 5)
+    f = poisson.manufactured(5).f
+    run = jax.jit(lambda s, m, tol, k: poisson.solve(s, f, tol=tol, maxiter=k, method=m), static_argnums=(1, 2, 3))
+    for k in (1, 5, 20):
+        xc, ic = run(sem, "classic", 0.0, k)
+        xs, is_ = run(sem, "single-reduction", 0.0, k)
+        assert int(ic.iterations) == int(is_.iterations) == k
+        assert float(jnp.abs(xc - xs).max() / jnp.abs(xc).max()) < 1e-10
+        np.testing.assert_allclose(ic.history[: k + 1], is_.history[: k + 1], rtol=1e-8)
+    xc, ic = run(sem, "classic", 1e-10, 500)
+    xs, is_ = run(sem, "single-reduction", 1e-10, 500)
+    assert bool(ic.converged) and bool(is_.converged)
+    assert abs(int(ic.iterations) - int(is_.iterations)) <= 1
+    assert float(jnp.abs(xc - xs).max() / jnp.abs(xc).max()) < 1e-8
+    # counts three inner products per step in one reduction
+    calls = []
+    dots = lambda pairs: (calls.append(len(pairs)), jnp.stack([sem.dot(u, v) for u, v in pairs]))[1]
+    A = poisson.operator(sem)
+    pcg(A, poisson.load(sem, f), dot=sem.dot, dots=dots, tol=0.0, maxiter=3, method="single-reduction")
+    assert calls == [3]  # traced once inside the while_loop body: one fused reduction
+
+
+def test_bad_method():
+    with pytest.raises(ValueError, match="method"):
+        pcg(lambda v: v, jnp.ones(3), dot=jnp.vdot, method="pipelined-magic")

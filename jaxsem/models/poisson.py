@@ -115,7 +115,8 @@ def load(sem: SEM, f):
     return sem.mask * sem.dssum(interp_t(g.B * fq, sem.J))
 
 
-def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None):
+def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
+          method: str = "classic"):
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
@@ -124,6 +125,7 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
         when ``rhs`` (an assembled E-vector) is given.
       h1, h2: coefficients (scalars or ``(E, q, q, q)`` fields).
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
+      method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
     Differentiable w.r.t. f, h1, h2 and the geometry by one adjoint solve.
     """
@@ -134,7 +136,7 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
-        precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots,
+        precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
     )
 
 

@@ -129,3 +129,15 @@ def test_large_messages_are_split_and_still_exact(comm, monkeypatch):
     err = _rel(out, serial.dssum(u)[el], comm)
     err_g = _rel(g, g_ref, comm)
     assert err < 1e-14 and err_g < 1e-13
+
+
+def test_single_reduction_pcg_equals_serial(comm):
+    mesh = box_mesh((3, 2, 2), 3, deform=0.1)
+    serial, dist = _pair(comm, mesh, bp=5)
+    ms = poisson.manufactured(5)
+    run = jax.jit(lambda s: poisson.solve(s, ms.f, tol=1e-11, method="single-reduction"))
+    us, i_s = run(serial)
+    ud, i_d = run(dist)
+    el = np.asarray(dist.elements)
+    err = _rel(ud, us[el], comm)
+    assert int(i_d.iterations) == int(i_s.iterations) and bool(i_d.converged) and err < 1e-11
