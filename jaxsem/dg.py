@@ -1,0 +1,305 @@
+"""Discontinuous-Galerkin building blocks on curvilinear hexahedra (GLL collocation).
+
+Spectral-element DG as in NekCEM (Min & Fischer; Hesthaven & Warburton, *Nodal
+DG*, §6): fields live on each element's GLL nodes with no continuity; elements
+talk only through their faces.
+
+* **Faces.** ``faces(u)`` extracts ``(..., E, n, n, n)`` volume fields to
+  ``(..., E, 6, n, n)`` face points ``[e, f, v, u]`` (local faces ``0: r=-1,
+  1: r=+1, 2: s=-1, 3: s=+1, 4: t=-1, 5: t=+1``; face-local axes as
+  :func:`jaxsem.numbering.face_slice`). ``lift_faces`` is its transpose: it adds
+  face values back into the volume (edge and corner nodes collect from every
+  face they lie on).
+* **Face-point numbering.** :func:`face_connectivity` gives every element face
+  point an id such that exactly the two coinciding points of the two faces of a
+  shared (or periodic) face share it; boundary points keep a private id. The
+  orientation of the neighbour's face is found from the element-to-vertex
+  table (8 possible relative orientations); periodic pairs are translations
+  (node (u, v) ↔ node (u, v), :class:`jaxsem.mesh.Mesh`).
+* **Exchange, NekCEM's way.** Each element writes its face values; an additive
+  gather–scatter over the face-point ids returns, at every face point, own +
+  neighbour (own alone on the boundary). All field components travel in ONE
+  call on a ``(C, E, 6, n, n)`` stack. The exchange is a plain function
+  ``fu -> Σ copies`` (:func:`face_exchange`), so a distributed one (one packed
+  message per neighbour rank) can replace it without touching the physics.
+* **Normals and lifting.** On the face of reference axis a at r_a = ±1 the
+  area vector is ``n·sJ = ±jac·∇r_a`` (Nanson), so ``n = ±∇r_a/|∇r_a|`` and
+  ``sJ = jac·|∇r_a|``. With GLL quadrature on the faces the surface integral
+  lifted by the diagonal mass is, at a face node,
+  ``lift = sJ·w_u·w_v / (jac·w_i·w_j·w_k) = sJ / (jac·w_end)``,
+  ``w_end = 2/(N(N+1))`` the end-point GLL weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import basis
+from .gather_scatter import GatherScatter, gs_apply, make_gs
+from .geometry import geometric_factors, quadrature
+from .mesh import Mesh
+from .numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
+
+__all__ = [
+    "FaceConnectivity",
+    "face_connectivity",
+    "DG",
+    "discretize_dg",
+    "faces",
+    "lift_faces",
+    "face_exchange",
+    "neighbor_values",
+    "Exchange",
+]
+
+Exchange = Callable[[jax.Array], jax.Array]
+"""An exchange maps face values ``(C, E, 6, n, n)`` to the sum over the copies of
+each face point (own + neighbour's; own alone on the boundary)."""
+
+# The 8 maps of the face-local index square onto itself, (u, v) -> (u', v'):
+# (swap, flip_u, flip_v) applied as: swap axes, then flip.
+_ORIENTATIONS = [(s, fu, fv) for s in (0, 1) for fu in (0, 1) for fv in (0, 1)]
+
+
+def _orient(u, v, N, o):
+    s, fu, fv = o
+    if s:
+        u, v = v, u
+    if fu:
+        u = N - u
+    if fv:
+        v = N - v
+    return u, v
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FaceConnectivity:
+    """Face-to-face connectivity of a DG mesh (host-side, NumPy).
+
+    Attributes (E elements, n = N + 1 points per direction):
+      neighbors: ``(E, 6, 2)`` ``(element, face)`` across each face, ``-1`` on the
+        boundary (periodic pairs are neighbours).
+      partner: ``(E, 6, n, n)`` flat index into ``(E, 6, n, n)`` face points of
+        the coinciding point of the neighbour face, ``-1`` on the boundary.
+      fid: ``(E, 6, n, n)`` face-point ids in ``[0, num_ids)``: a point and its
+        partner share one id, every other id is private. Ids depend only on
+        global element and face numbers, so a distributed plan can key on them.
+      boundary: ``(E, 6)`` bool, the face is on the domain boundary.
+      periodic: ``(E, 6)`` bool, the face is one side of a periodic pair.
+      num_ids: number of distinct face-point ids.
+    """
+
+    neighbors: np.ndarray
+    partner: np.ndarray
+    fid: np.ndarray
+    boundary: np.ndarray
+    periodic: np.ndarray
+    num_ids: int
+
+
+def face_connectivity(mesh: Mesh, numbering: Numbering | None = None) -> FaceConnectivity:
+    """Pair the face points of neighbouring elements (see module docstring).
+
+    Interior faces are oriented by matching their corner vertex ids
+    (``mesh.cells``); periodic pairs by the translation convention of
+    ``mesh.periodic_faces``. Raises ``ValueError`` if a shared face's corners
+    do not match under any of the 8 orientations.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    numbering = number_nodes(mesh) if numbering is None else numbering
+    nb = np.asarray(numbering.face_neighbors, dtype=np.int64)
+    E, N = mesh.num_elements, mesh.order
+    n = N + 1
+    cells = np.asarray(mesh.cells, dtype=np.int64)
+
+    periodic = np.zeros((E, 6), dtype=bool)
+    pf = np.asarray(mesh.periodic_faces, dtype=np.int64).reshape(-1, 4)
+    periodic[pf[:, 0], pf[:, 1]] = True
+    periodic[pf[:, 2], pf[:, 3]] = True
+
+    # For each of the 8 orientations: where corner c of my face sits on the neighbour's
+    # face, and the neighbour's flat (v, u) index of each of my nodes.
+    vv, uu = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")  # [v, u]
+    corner_of = np.array([[mu + 2 * mv for mu, mv in (_orient(cu, cv, 1, o) for cu, cv in
+                                                       [(0, 0), (1, 0), (0, 1), (1, 1)])] for o in _ORIENTATIONS])
+    node_of = np.stack([(lambda u2, v2: v2 * n + u2)(*_orient(uu, vv, N, o)) for o in _ORIENTATIONS])  # (8, n, n)
+
+    has = nb[:, :, 0] >= 0
+    e2, f2 = np.where(has, nb[:, :, 0], 0), np.where(has, nb[:, :, 1], 0)
+    g = cells[:, FACE_CORNERS]  # (E, 6, 4) vertex ids, face-local corner order
+    g2 = g[e2, f2]
+    match = np.stack([np.all(g2[:, :, corner_of[o]] == g, axis=-1) for o in range(8)], axis=-1)  # (E, 6, 8)
+    match[periodic] = False
+    match[periodic, 0] = True  # periodic pairs: (u, v) ↔ (u, v), a translation
+    bad = has & ~match.any(axis=-1)
+    if bad.any():
+        e, f = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"face {f} of element {e} and face {nb[e, f, 1]} of element {nb[e, f, 0]} are neighbours "
+            f"but their corner vertices {g[e, f].tolist()} / {g2[e, f].tolist()} do not match"
+        )
+    o = np.argmax(match, axis=-1)  # (E, 6)
+    partner = ((e2 * 6 + f2) * n * n)[:, :, None, None] + node_of[o]
+    partner = np.where(has[:, :, None, None], partner, -1).astype(np.int64)
+
+    # Ids: one per pair of partner points, keyed by the smaller flat index.
+    flat = np.arange(E * 6 * n * n).reshape(E, 6, n, n)
+    key = np.where(partner >= 0, np.minimum(flat, partner), flat)
+    if np.any(partner >= 0):
+        p = partner.ravel()
+        has = p >= 0
+        if not np.array_equal(p[p[has]], np.nonzero(has)[0]):
+            raise ValueError("face connectivity is not symmetric (a face point's partner points elsewhere)")
+    _, fid = np.unique(key.ravel(), return_inverse=True)
+    fid = fid.reshape(E, 6, n, n)
+    boundary = nb[:, :, 0] < 0
+    return FaceConnectivity(nb, partner, fid, boundary, periodic, int(fid.max()) + 1)
+
+
+# ----------------------------------------------------------------------------- face <-> volume
+
+
+def faces(u):
+    """Face values of volume fields: ``(..., E, n, n, n)`` → ``(..., E, 6, n, n)`` ``[v, u]``."""
+    N = u.shape[-1] - 1
+    return jnp.stack([u[face_slice(f, N)] for f in range(6)], axis=-3)
+
+
+def lift_faces(fu):
+    """Transpose of :func:`faces`: add face values ``(..., E, 6, n, n)`` into ``(..., E, n, n, n)``.
+
+    Dense (pads with zeros, no scatter): nodes on several faces get every
+    face's contribution.
+    """
+    n = fu.shape[-1]
+    lead = fu.shape[:-3]
+    z = jnp.zeros(lead + (n, n, max(n - 2, 0)), fu.dtype)
+
+    def place(lo, hi):  # lo/hi: (..., v, w) planes at index 0 / N of the last axis
+        if n == 1:
+            return lo[..., None] + hi[..., None]
+        return jnp.concatenate([lo[..., None], z, hi[..., None]], axis=-1)
+
+    out_i = place(fu[..., 0, :, :], fu[..., 1, :, :])  # [k, j, i]
+    out_j = jnp.swapaxes(place(fu[..., 2, :, :], fu[..., 3, :, :]), -1, -2)  # [k, i, j] -> [k, j, i]
+    out_k = jnp.moveaxis(place(fu[..., 4, :, :], fu[..., 5, :, :]), -1, -3)  # [j, i, k] -> [k, j, i]
+    return out_i + out_j + out_k
+
+
+# ----------------------------------------------------------------------------- the DG plan
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DG:
+    """A DG discretization of a hex mesh on GLL nodes (pytree; arrays are leaves).
+
+    Attributes (E elements, n = N + 1):
+      x: ``(3, E, n, n, n)`` node coordinates.
+      D: ``(n, n)`` GLL derivative matrix.
+      rx: ``(3, 3, E, n, n, n)`` metric terms ``rx[a, d] = ∂r_a/∂x_d``.
+      jac: ``(E, n, n, n)`` Jacobian determinant.
+      mass: ``(E, n, n, n)`` diagonal GLL mass ``w_i w_j w_k jac``.
+      normal: ``(3, E, 6, n, n)`` outward unit normals at face points.
+      sJ: ``(E, 6, n, n)`` surface Jacobian.
+      lift: ``(E, 6, n, n)`` ``sJ / (jac · w_end)``: face integral → nodal rate.
+      boundary: ``(E, 6, 1, 1)`` 1.0 on domain-boundary faces, else 0.0.
+      fgs: face-point gather–scatter plan (ids of :class:`FaceConnectivity`).
+      order: polynomial order N (static).
+    """
+
+    x: jax.Array
+    D: jax.Array
+    rx: jax.Array
+    jac: jax.Array
+    mass: jax.Array
+    normal: jax.Array
+    sJ: jax.Array
+    lift: jax.Array
+    boundary: jax.Array
+    fgs: GatherScatter
+    order: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def n(self) -> int:
+        return self.order + 1
+
+    @property
+    def num_elements(self) -> int:
+        return int(self.x.shape[1])
+
+    def faces(self, u):
+        return faces(u)
+
+    def integrate(self, u):
+        """∫ u dx with the GLL rule; ``u: (..., E, n, n, n)`` summed over everything."""
+        return jnp.sum(self.mass * u)
+
+
+def discretize_dg(
+    mesh: Mesh,
+    dtype=jnp.float64,
+    numbering: Numbering | None = None,
+    gs_layout: str = "segment",
+    connectivity: FaceConnectivity | None = None,
+) -> DG:
+    """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
+
+    Raises ``ValueError`` for an inverted element (from
+    :func:`jaxsem.geometry.geometric_factors`) or a bad dtype.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.float32, jnp.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
+    N = mesh.order
+    geom = geometric_factors(jnp.asarray(mesh.x, jnp.float64), quadrature(N, "gll"))
+    normal, sJ, lift = _face_geometry(geom.rx, geom.jac, N)
+    xg, _ = basis.gll_points(N)
+    fgs = make_gs(conn.fid, conn.num_ids, layout=gs_layout, dtype=dtype)
+    cast = lambda a: jnp.asarray(a, dtype)
+    return DG(
+        x=cast(mesh.x), D=cast(basis.derivative_matrix(xg)), rx=cast(geom.rx), jac=cast(geom.jac),
+        mass=cast(geom.B), normal=cast(normal), sJ=cast(sJ), lift=cast(lift),
+        boundary=cast(conn.boundary[:, :, None, None]), fgs=fgs, order=N,
+    )
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _face_geometry(rx, jac, N):
+    """Outward normals ``(3, E, 6, n, n)``, sJ and lift ``(E, 6, n, n)`` from volume metrics."""
+    w_end = float(basis.gll_points(N)[1][0])
+    rxf = faces(rx)  # (3 a, 3 d, E, 6, n, n)
+    jf = faces(jac)  # (E, 6, n, n)
+    sign = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], rx.dtype)[:, None, None]
+    vec = jnp.stack([rxf[f // 2, :, :, f] for f in range(6)], axis=2) * sign  # (3 d, E, 6, n, n)
+    mag = jnp.sqrt(jnp.sum(vec * vec, axis=0))
+    normal = vec / mag
+    sJ = jf * mag
+    return normal, sJ, sJ / (jf * w_end)
+
+
+# ----------------------------------------------------------------------------- exchange
+
+
+def face_exchange(dg: DG, fu):
+    """The serial exchange: Σ over the copies of each face point, ``fu: (C, E, 6, n, n)``.
+
+    One gather–scatter for all C components (one ``segment_sum`` batched over C).
+    """
+    return gs_apply(dg.fgs, fu)
+
+
+def neighbor_values(dg: DG, fu, exchange: Exchange | None = None):
+    """The neighbour's values at each face point: ``exchange(fu) − fu`` (0 on the boundary)."""
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    return ex(fu) - fu

@@ -1,0 +1,77 @@
+"""Writing results that ParaView opens: VTU files of element-local (E-vector) fields via meshio.
+
+Each element's GLL nodes become points of their own (shared nodes are repeated,
+so discontinuous DG fields are written exactly) and its (n−1)³ node cells become
+linear hexahedra — the simplest ParaView-compatible picture of a high-order
+field. Checkpoints live in :mod:`jaxsem.timestepping` (``save_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["write_vtu", "vtu_cells", "vtu_points"]
+
+
+def _coords(mesh_or_x) -> np.ndarray:
+    x = getattr(mesh_or_x, "x", mesh_or_x)
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 5 or x.shape[0] != 3 or not (x.shape[2] == x.shape[3] == x.shape[4] >= 2):
+        raise ValueError(f"coordinates must have shape (3, E, n, n, n) with n >= 2, got {x.shape}")
+    return x
+
+
+def vtu_points(x) -> np.ndarray:
+    """``(E·n³, 3)`` points in E-vector order (``[e, k, j, i]``, i fastest)."""
+    x = _coords(x)
+    return np.ascontiguousarray(x.reshape(3, -1).T)
+
+
+def vtu_cells(num_elements: int, n: int) -> np.ndarray:
+    """``(E·(n−1)³, 8)`` VTK hexahedra (corner order of ``VTK_HEXAHEDRON``) over the nodes."""
+    m = n - 1
+    k, j, i = np.meshgrid(np.arange(m), np.arange(m), np.arange(m), indexing="ij")
+    idx = lambda kk, jj, ii: (kk * n + jj) * n + ii
+    local = np.stack([
+        idx(k, j, i), idx(k, j, i + 1), idx(k, j + 1, i + 1), idx(k, j + 1, i),
+        idx(k + 1, j, i), idx(k + 1, j, i + 1), idx(k + 1, j + 1, i + 1), idx(k + 1, j + 1, i),
+    ], axis=-1).reshape(-1, 8)
+    offsets = (np.arange(num_elements) * n**3)[:, None, None]
+    return (local[None] + offsets).reshape(-1, 8).astype(np.int64)
+
+
+def write_vtu(path, mesh_or_x, **fields) -> str:
+    """Write node fields on a mesh's GLL nodes to a ``.vtu`` file; returns the path.
+
+    Args:
+      path: output file name (``.vtu``).
+      mesh_or_x: a :class:`jaxsem.mesh.Mesh`, :class:`jaxsem.dg.DG`,
+        :class:`jaxsem.discretization.SEM` (anything with ``.x``) or the
+        coordinates ``(3, E, n, n, n)``.
+      fields: name = array of shape ``(E, n, n, n)`` (scalar) or
+        ``(c, E, n, n, n)`` (c components, e.g. ``E=q[:3]``); NumPy or JAX.
+
+    The file is written to a temporary name and moved into place.
+    """
+    import meshio
+
+    x = _coords(mesh_or_x)
+    E, n = x.shape[1], x.shape[2]
+    point_data = {}
+    for name, value in fields.items():
+        a = np.asarray(value)
+        if a.shape == (E, n, n, n):
+            point_data[name] = a.reshape(-1).astype(np.float64)
+        elif a.ndim == 5 and a.shape[1:] == (E, n, n, n):
+            point_data[name] = np.ascontiguousarray(a.reshape(a.shape[0], -1).T).astype(np.float64)
+        else:
+            raise ValueError(f"field {name!r} must have shape (E, n, n, n) = {(E, n, n, n)} or "
+                             f"(c, E, n, n, n), got {a.shape}")
+    mesh = meshio.Mesh(vtu_points(x), [("hexahedron", vtu_cells(E, n))], point_data=point_data)
+    path = os.fspath(path)
+    tmp = path + ".tmp.vtu"
+    meshio.write(tmp, mesh, file_format="vtu")
+    os.replace(tmp, path)
+    return path

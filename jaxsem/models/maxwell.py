@@ -1,0 +1,473 @@
+"""Source-free Maxwell equations in spectral-element DG (NekCEM).
+
+    ε ∂E/∂t = ∇×H,    μ ∂H/∂t = −∇×E
+
+on curvilinear hexahedra, strong form, GLL collocation (diagonal mass), after
+Hesthaven & Warburton, *Nodal DG* §6.5 and NekCEM (Min & Fischer; Otten et al.
+2016). With Δu = u⁺ − u⁻ (⁺ the neighbour, n the outward normal of the own side)
+and impedance Z = √(μ/ε), admittance Y = 1/Z on each side:
+
+    ε dE/dt = ∇×H + L[ n×(Z⁺ ΔH − α n×ΔE) / (Z⁻ + Z⁺) ]
+    μ dH/dt = −∇×E − L[ n×(Y⁺ ΔE + α n×ΔH) / (Y⁻ + Y⁺) ]
+
+``L`` the lift (:mod:`jaxsem.dg`); α = 1 is the upwind flux (the exact Riemann
+solution), α = 0 the central flux (the impedance-weighted averages
+H* = (Z⁻H⁻ + Z⁺H⁺)/(Z⁻ + Z⁺), E* = (Y⁻E⁻ + Y⁺E⁺)/(Y⁻ + Y⁺); the plain average in
+a uniform medium). With the split-form curl below, the semi-discrete energy
+½∫(ε|E|² + μ|H|²) is exactly conserved by the central flux and dissipated by the
+upwind flux — on curved elements, with any ε, μ, PEC or periodic.
+
+* Fields are packed as ``q: (6, E, n, n, n)``, components ``Ex Ey Ez Hx Hy Hz``.
+* Faces: all six components go through ONE exchange (``exchange(faces(q))``
+  returns own + neighbour per face point); pass ``exchange=`` to swap in a
+  distributed one. NekCEM writes −n×E and −n×H; writing E and H themselves
+  moves the same six words per point and lets the neighbour's impedance enter.
+* Boundary faces (not shared, not periodic) are perfect electric conductors by
+  mirror states E⁺ = −E⁻, H⁺ = H⁻ (so n×E⁺ = −n×E⁻), or perfect magnetic
+  conductors with ``bc="pmc"`` (E⁺ = E⁻, H⁺ = −H⁻). Periodic axes come from the mesh.
+* ε, μ: scalars, per element ``(E,)`` or per point ``(E, n, n, n)``; they are
+  ordinary arrays, so ``jax.grad`` of any loss of the solution w.r.t. them works.
+* The volume curl (``form=``): ``"split"`` (default), the average of the
+  chain-rule form Σ_a ∇r_a × ∂_a F and the conservative form
+  (1/J) Σ_a ∂_a(J∇r_a × F), energy-stable on curved elements (36 reference
+  derivatives); ``"chain"``, NekCEM's chain rule (18 derivatives, as its work
+  model counts), the same operator on affine elements but not energy-stable on
+  curved ones (random data grows with it on a deformed mesh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import timestepping as ts
+from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
+from ..mesh import box_mesh
+
+__all__ = [
+    "FIELDS",
+    "FLUXES",
+    "BCS",
+    "Material",
+    "material",
+    "curl",
+    "rhs",
+    "make_rhs",
+    "energy",
+    "spectral_radius",
+    "stable_dt",
+    "cavity_mode",
+    "plane_wave",
+    "relative_error",
+    "simulate",
+    "solve_mode",
+    "ModeResult",
+    "verify",
+    "flops_per_step",
+]
+
+FIELDS = ("Ex", "Ey", "Ez", "Hx", "Hy", "Hz")
+FLUXES = ("upwind", "central")
+BCS = ("pec", "pmc")
+FORMS = ("split", "chain")
+
+
+# ----------------------------------------------------------------------------- material
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Material:
+    """ε, μ on the nodes and the flux coefficients they imply (pytree).
+
+    ``eps, mu: (E, n, n, n)``; face coefficients ``(E, 6, n, n)`` with the lift
+    folded in: ``cE = L·Z⁺/(Z⁻+Z⁺)``, ``aE = L/(Z⁻+Z⁺)``, ``cH = L·Y⁺/(Y⁻+Y⁺)``,
+    ``aH = L/(Y⁻+Y⁺)``.
+    """
+
+    eps: jax.Array
+    mu: jax.Array
+    cE: jax.Array
+    aE: jax.Array
+    cH: jax.Array
+    aH: jax.Array
+
+
+def _as_nodal(value, dg: DG, name: str):
+    shape = (dg.num_elements,) + (dg.n,) * 3
+    a = jnp.asarray(value, dg.jac.dtype)
+    if a.ndim == 0:
+        a = jnp.broadcast_to(a, shape)
+    elif a.shape == (dg.num_elements,):
+        a = jnp.broadcast_to(a[:, None, None, None], shape)
+    elif a.shape != shape:
+        raise ValueError(f"{name} must be a scalar, shape ({dg.num_elements},) per element or "
+                         f"{shape} per node, got shape {a.shape}")
+    if not isinstance(a, jax.core.Tracer) and not bool(jnp.all(a > 0)):
+        raise ValueError(f"{name} must be positive everywhere, got min {float(jnp.min(a))}")
+    return a
+
+
+def material(dg: DG, eps=1.0, mu=1.0, exchange: Exchange | None = None) -> Material:
+    """Nodal ε, μ and the face flux coefficients (one exchange of Z and Y for the ⁺ side).
+
+    On boundary faces the outside medium is the inside one (mirror states).
+    """
+    eps, mu = _as_nodal(eps, dg, "eps"), _as_nodal(mu, dg, "mu")
+    return _material(dg, eps, mu, exchange)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _material(dg, eps, mu, exchange):
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    Z = jnp.sqrt(mu / eps)
+    own = faces(jnp.stack([Z, 1.0 / Z]))  # (2, E, 6, n, n)
+    nbr = ex(own) - own
+    nbr = nbr + dg.boundary * own
+    (Zm, Ym), (Zp, Yp) = own, nbr
+    aE = dg.lift / (Zm + Zp)
+    aH = dg.lift / (Ym + Yp)
+    return Material(eps=eps, mu=mu, cE=Zp * aE, aE=aE, cH=Yp * aH, aH=aH)
+
+
+# ----------------------------------------------------------------------------- operator
+
+
+def _cross(a, b):
+    return jnp.stack([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+
+
+def _grad_ref(D, u):
+    """(∂_r u, ∂_s u, ∂_t u) of ``u: (..., E, n, n, n)`` stacked on a new axis 0."""
+    ur = jnp.einsum("il,...kjl->...kji", D, u)
+    us = jnp.einsum("jl,...kli->...kji", D, u)
+    ut = jnp.einsum("kl,...lji->...kji", D, u)
+    return jnp.stack([ur, us, ut])
+
+
+def _curls(dg: DG, q, form: str = "split"):
+    """Curls of the two 3-vectors packed in ``q: (6, E, n, n, n)``: ``(∇×E, ∇×H)``.
+
+    ``"chain"``: Σ_a ∇r_a × ∂_a F (the chain rule, NekCEM's form; 18 reference
+    derivatives). ``"split"``: the average of that and the conservative form
+    (1/J) Σ_a ∂_a(J∇r_a × F) (36 derivatives). By the SBP property of the GLL
+    derivative, the split form makes ∫ E·∇×H − H·∇×E a pure surface term on
+    curved elements too, so the central flux conserves and the upwind flux
+    dissipates the discrete energy exactly; on affine elements (J∇r_a
+    constant) both forms are the same operator.
+    """
+    g = _grad_ref(dg.D, q)  # (3 a, 6 c, E, n, n, n)
+    rx = dg.rx  # rx[a, d] = ∂r_a/∂x_d
+
+    def chain(o):
+        return sum(_cross(rx[a], g[a, o:o + 3]) for a in range(3))
+
+    if form == "chain":
+        return chain(0), chain(3)
+    Ja = dg.jac * rx  # (3 a, 3 d, ...) = J ∇r_a
+    V = [jnp.concatenate([_cross(Ja[a], q[:3]), _cross(Ja[a], q[3:])]) for a in range(3)]
+    cons = (jnp.einsum("il,...kjl->...kji", dg.D, V[0]) + jnp.einsum("jl,...kli->...kji", dg.D, V[1])
+            + jnp.einsum("kl,...lji->...kji", dg.D, V[2])) / dg.jac
+    return 0.5 * (chain(0) + cons[:3]), 0.5 * (chain(3) + cons[3:])
+
+
+def curl(dg: DG, F, form: str = "split"):
+    """Pointwise curl of a 3-vector field ``F: (3, E, n, n, n)`` (no fluxes)."""
+    _check_choice(form, "form", FORMS)
+    return _curls(dg, jnp.concatenate([F, F]), form)[0]
+
+
+def _check_choice(value, name, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
+        exchange: Exchange | None = None, form: str = "split"):
+    """dq/dt of the semi-discrete Maxwell system, ``q: (6, E, n, n, n)`` → same shape.
+
+    ``form``: the volume curl, ``"split"`` (energy-stable on curved elements,
+    default) or ``"chain"`` (NekCEM's chain rule; identical on affine meshes,
+    half the derivatives), see :func:`_curls`.
+    """
+    _check_choice(flux, "flux", FLUXES)
+    _check_choice(bc, "bc", BCS)
+    _check_choice(form, "form", FORMS)
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    curlE, curlH = _curls(dg, q, form)
+
+    qf = faces(q)  # (6, E, 6, n, n): one packed exchange for all components
+    sgn = jnp.asarray([-1.0] * 3 + [1.0] * 3 if bc == "pec" else [1.0] * 3 + [-1.0] * 3, q.dtype)
+    mirror = sgn[:, None, None, None, None] * qf
+    dq = ex(qf) - 2.0 * qf + dg.boundary * mirror  # neighbour − own (mirror on the boundary)
+    dE, dH = dq[:3], dq[3:]
+    n = dg.normal
+    nxdE, nxdH = _cross(n, dE), _cross(n, dH)
+    fE = mat.cE * nxdH
+    fH = -mat.cH * nxdE
+    if flux == "upwind":
+        fE = fE - mat.aE * _cross(n, nxdE)
+        fH = fH - mat.aH * _cross(n, nxdH)
+    lifted = lift_faces(jnp.concatenate([fE, fH]))
+    return jnp.concatenate([(curlH + lifted[:3]) / mat.eps, (lifted[3:] - curlE) / mat.mu])
+
+
+@functools.lru_cache(maxsize=None)
+def make_rhs(flux: str = "upwind", bc: str = "pec", exchange: Callable | None = None, form: str = "split"):
+    """``f(t, q, (dg, mat))`` for :func:`jaxsem.timestepping.run` (cached: one object per options).
+
+    ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
+    :func:`jaxsem.dg.face_exchange`).
+    """
+    _check_choice(flux, "flux", FLUXES)
+    _check_choice(bc, "bc", BCS)
+    _check_choice(form, "form", FORMS)
+
+    def f(t, q, args):
+        dg, mat = args
+        ex = None if exchange is None else (lambda v: exchange(dg, v))
+        return rhs(dg, mat, q, flux, bc, ex, form)
+
+    return f
+
+
+@jax.jit
+def energy(dg: DG, mat: Material, q):
+    """Electromagnetic energy ½ ∫ (ε|E|² + μ|H|²) dx with the GLL rule."""
+    return 0.5 * jnp.sum(dg.mass * (mat.eps * jnp.sum(q[:3] ** 2, 0) + mat.mu * jnp.sum(q[3:] ** 2, 0)))
+
+
+def _energy_inner(u, v, args):
+    dg, mat = args
+    return jnp.sum(dg.mass * (mat.eps * jnp.sum(u[:3] * v[:3], 0) + mat.mu * jnp.sum(u[3:] * v[3:], 0)))
+
+
+@functools.lru_cache(maxsize=None)
+def _operator(flux, bc, form):
+    f = make_rhs(flux, bc, None, form)
+    return lambda v, args: f(0.0, v, args)
+
+
+def spectral_radius(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", iterations: int = 60,
+                    form: str = "split") -> float:
+    """Power-iteration estimate of ρ of the semi-discrete operator, in the energy norm."""
+    like = jax.ShapeDtypeStruct((6,) + dg.jac.shape, dg.jac.dtype)
+    return ts.spectral_radius(_operator(flux, bc, form), like, (dg, mat), inner=_energy_inner,
+                              iterations=iterations)
+
+
+# The power iteration approaches ρ from below; this margin covers its shortfall.
+RHO_MARGIN = 1.05
+
+
+def stable_dt(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", method: str = "lserk4",
+              rho: float | None = None, form: str = "split") -> float:
+    """The stable time-step limit ``stability_radius(method) / (1.05 ρ)``.
+
+    The split-form operator is dissipative (upwind) or skew (central) in the
+    energy norm, so its spectrum lies in the closed left half-plane and the
+    half-disk radius of :func:`jaxsem.timestepping.stability_radius` applies.
+    """
+    rho = spectral_radius(dg, mat, flux, bc, form=form) if rho is None else rho
+    return ts.cfl_dt(RHO_MARGIN * rho, method, 1.0)
+
+
+# ----------------------------------------------------------------------------- exact solutions
+
+
+def _hashable(*vals):
+    return tuple(tuple(float(a) for a in v) if np.ndim(v) else float(v) for v in vals)
+
+
+def cavity_mode(x, t, lengths=(1.0, 1.0, 1.0), mode=(1, 1, 1), amplitude=(1.0, 1.0, -2.0),
+                eps=1.0, mu=1.0):
+    """A standing mode of the PEC box ``[0, L]³``: ``(6, ...)`` fields at ``x: (3, ...)``.
+
+    k = π(m/Lx, n/Ly, p/Lz), E = A ⊙ (cos sin sin, sin cos sin, sin sin cos)(k·x) cos ωt
+    with A ⊥ k (the given amplitude minus its k component), H = −(∇×E₀) sin ωt / (μω),
+    ω = |k|/√(εμ). Default: the (1,1,1) mode with A = (1, 1, −2), all six
+    components non-zero.
+    """
+    return _cavity_mode(x, t, *_hashable(lengths, mode, amplitude, eps, mu))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
+def _cavity_mode(x, t, lengths, mode, amplitude, eps, mu):
+    k = np.pi * np.asarray(mode, float) / np.asarray(lengths, float)
+    A = np.asarray(amplitude, float)
+    A = A - (A @ k) / (k @ k) * k
+    w = math.sqrt(k @ k / (eps * mu))
+    s = [jnp.sin(k[d] * x[d]) for d in range(3)]
+    c = [jnp.cos(k[d] * x[d]) for d in range(3)]
+    E0 = jnp.stack([A[0] * c[0] * s[1] * s[2], A[1] * s[0] * c[1] * s[2], A[2] * s[0] * s[1] * c[2]])
+    kA = np.cross(k, A)  # ∇×E₀ = (k×A) ⊙ (sin cos cos, cos sin cos, cos cos sin)
+    cE0 = jnp.stack([kA[0] * s[0] * c[1] * c[2], kA[1] * c[0] * s[1] * c[2], kA[2] * c[0] * c[1] * s[2]])
+    return jnp.concatenate([E0 * jnp.cos(w * t), -cE0 * jnp.sin(w * t) / (mu * w)])
+
+
+def plane_wave(x, t, lengths=(1.0, 1.0, 1.0), wavenumber=(1, 1, 0), amplitude=(1.0, -1.0, 1.0),
+               eps=1.0, mu=1.0):
+    """A plane wave in the periodic box: ``E = A sin(k·x − ωt)``, ``H = k̂×E / Z``.
+
+    k = 2π(m/Lx, n/Ly, p/Lz), A made ⊥ k, ω = |k|/√(εμ), Z = √(μ/ε).
+    """
+    return _plane_wave(x, t, *_hashable(lengths, wavenumber, amplitude, eps, mu))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
+def _plane_wave(x, t, lengths, wavenumber, amplitude, eps, mu):
+    k = 2 * np.pi * np.asarray(wavenumber, float) / np.asarray(lengths, float)
+    A = np.asarray(amplitude, float)
+    A = A - (A @ k) / (k @ k) * k
+    w = math.sqrt(k @ k / (eps * mu))
+    Z = math.sqrt(mu / eps)
+    ph = jnp.sin(k[0] * x[0] + k[1] * x[1] + k[2] * x[2] - w * t)
+    B = np.cross(k / np.linalg.norm(k), A) / Z
+    return jnp.stack([A[0] * ph, A[1] * ph, A[2] * ph, B[0] * ph, B[1] * ph, B[2] * ph])
+
+
+def relative_error(dg: DG, q, q_exact) -> float:
+    """Relative L2 error of all six components: ‖q − q_ex‖ / ‖q_ex‖ (GLL rule)."""
+    return float(_relative_error(dg.mass, q, q_exact))
+
+
+@jax.jit
+def _relative_error(mass, q, q_exact):
+    num = jnp.sum(mass * jnp.sum((q - q_exact) ** 2, 0))
+    den = jnp.sum(mass * jnp.sum(q_exact**2, 0))
+    return jnp.sqrt(num / den)
+
+
+# ----------------------------------------------------------------------------- drivers
+
+
+def flops_per_step(order: int, num_elements: int) -> float:
+    """NekCEM's work model (Otten et al. 2016, eq. 16): [180(N+1) + 420]·n, n = E(N+1)³."""
+    return (180.0 * (order + 1) + 420.0) * num_elements * (order + 1) ** 3
+
+
+def simulate(dg: DG, mat: Material, q0, t_final: float, *, flux: str = "upwind", bc: str = "pec",
+             method: str = "lserk4", cfl: float = 0.5, dt: float | None = None, rho: float | None = None,
+             chunk_steps: int = 100, progress: bool = False, checkpoint_path=None, resume=None,
+             form: str = "split", exchange: Callable | None = None):
+    """Advance ``q0`` to ``t_final`` with the guarded driver; return ``(q, info, dt)``.
+
+    Δt = ``cfl`` × the stable limit (rounded down so that ``t_final`` is hit
+    exactly) unless ``dt`` is given; a ``dt`` (or ``cfl > 1``) above the limit
+    is refused with the limit in the message. ``exchange(dg, fu)`` replaces the
+    serial face exchange (see :func:`make_rhs`).
+    """
+    if not (math.isfinite(t_final) and t_final >= 0):
+        raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
+    limit = stable_dt(dg, mat, flux, bc, method, rho, form)
+    if dt is None:
+        if not (math.isfinite(cfl) and cfl > 0):
+            raise ValueError(f"cfl must be a positive number, got {cfl!r}")
+        if cfl > 1:
+            raise ValueError(f"cfl = {cfl} exceeds 1: dt would exceed the stable limit {limit:.6g} for {method}")
+        steps = max(1, math.ceil(t_final / (cfl * limit) - 1e-9)) if t_final > 0 else 0
+        dt = t_final / steps if steps else cfl * limit
+    else:
+        steps = max(0, round(t_final / dt))
+        if not math.isclose(steps * dt, t_final, rel_tol=1e-12, abs_tol=1e-14):
+            raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
+    q, info = ts.run(make_rhs(flux, bc, exchange, form), q0, dt, steps, args=(dg, mat), method=method, dt_max=limit,
+                     chunk_steps=chunk_steps, progress=progress, desc="maxwell",
+                     checkpoint_path=checkpoint_path, resume=resume)
+    return q, info, dt
+
+
+class ModeResult(NamedTuple):
+    """Outcome of :func:`solve_mode`."""
+
+    error_l2: float
+    steps: int
+    dt: float
+    dt_limit: float
+    seconds: float
+    energy0: float
+    energy: float
+    num_elements: int
+    order: int
+
+
+def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
+               bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
+               lengths=(1.0, 1.0, 1.0), mode=None, dtype=jnp.float64, progress: bool = False,
+               chunk_steps: int = 100, form: str = "split"):
+    """Exact-mode verification run in a box: PEC cavity mode or periodic plane wave.
+
+    ``bc="pec"``: :func:`cavity_mode` (``mode`` default (1, 1, 1)); ``bc="periodic"``:
+    :func:`plane_wave` (``mode`` = wavenumber, default (1, 1, 0)). Returns
+    ``(dg, q, ModeResult)``; ``seconds`` counts the time stepping only (compiled beforehand).
+    """
+    if bc not in ("pec", "periodic"):
+        raise ValueError(f"bc must be 'pec' or 'periodic', got {bc!r}")
+    periodic = bc == "periodic"
+    mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(periodic,) * 3, deform=deform)
+    dg = discretize_dg(mesh, dtype=dtype)
+    mat = material(dg)
+    if periodic:
+        exact = functools.partial(plane_wave, lengths=lengths, wavenumber=mode or (1, 1, 0))
+    else:
+        exact = functools.partial(cavity_mode, lengths=lengths, mode=mode or (1, 1, 1))
+    q0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
+    rho = spectral_radius(dg, mat, flux, form=form)
+    limit = stable_dt(dg, mat, flux, method=method, rho=rho)
+    # Compile the stepping loop (one step, same function and shapes) so ``seconds`` is pure stepping.
+    ts.run(make_rhs(flux, "pec", None, form), q0, limit / 2, 1, args=(dg, mat), method=method)
+    q, info, dt = simulate(dg, mat, q0, t_final, flux=flux, method=method, cfl=cfl, rho=rho,
+                           chunk_steps=chunk_steps, progress=progress, form=form)
+    err = relative_error(dg, q, exact(dg.x, t_final))
+    return dg, q, ModeResult(err, info.steps, dt, limit, info.seconds, float(energy(dg, mat, q0)),
+                             float(energy(dg, mat, q)), dg.num_elements, order)
+
+
+def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
+           bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
+           dtype: str = "float64", vtu: str | None = None, progress=None, progress_bar: bool = False) -> dict:
+    """:func:`solve_mode` as a JSON-ready dict (the ``jaxsem solve maxwell`` result).
+
+    ``dofs = E·p³`` per field component (6 components: ``components``);
+    ``error_l2`` is the relative L2 error of (E, H) against the exact mode at
+    ``t_final``; ``converged`` is True when the run stayed finite (a blow-up
+    gives ``converged: False`` and no error). ``gflops`` uses NekCEM's work
+    model :func:`flops_per_step` (n = E(N+1)³), ``seconds`` the (compiled) time
+    stepping, ``compile_seconds`` everything before it (discretization, Δt
+    limit, compilation).
+    """
+    note = progress or (lambda m: None)
+    E = int(np.prod(elements))
+    base = dict(problem="maxwell", order=order, elements=list(elements), num_elements=E, components=6,
+                dofs=E * order**3, points=E * (order + 1) ** 3, flux=flux, bc=bc, method=method,
+                deform=float(deform), cfl=float(cfl), t_final=float(t_final), dtype=dtype)
+    note(f"maxwell: order {order}, elements {tuple(elements)}, deform {deform}, {bc} {'cavity mode' if bc == 'pec' else 'plane wave'}, "
+         f"{flux} flux, {method}, t_final {t_final}")
+    tic = time.perf_counter()
+    try:
+        dg, q, r = solve_mode(order, elements, t_final, flux=flux, bc=bc, deform=deform, cfl=cfl, method=method,
+                              dtype=jnp.dtype(dtype), progress=progress_bar)
+    except ts.NonFiniteError as e:
+        note(f"maxwell: {e}")
+        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
+                    message=str(e))
+    total = time.perf_counter() - tic
+    if vtu:
+        from ..io import write_vtu
+
+        note(f"maxwell: writing {vtu}")
+        write_vtu(vtu, dg, E=q[:3], H=q[3:])
+    return dict(
+        base, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
+        dt_limit=r.dt_limit, energy_ratio=r.energy / r.energy0, seconds=r.seconds,
+        compile_seconds=total - r.seconds,
+        gflops=flops_per_step(order, E) * r.steps / r.seconds / 1e9 if r.seconds > 0 else None,
+        vtu=vtu,
+    )

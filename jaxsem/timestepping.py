@@ -1,0 +1,524 @@
+"""Explicit Runge–Kutta time stepping as ``lax`` loops, and a guarded driver for long runs.
+
+Methods (``method=``):
+
+* ``"lserk4"`` — Carpenter & Kennedy (1994), 5-stage 4th-order 2N-storage
+  (NASA TM-109112, solution 3): ``k ← a_s k + Δt f(t + c_s Δt, y)``,
+  ``y ← y + b_s k``; NekCEM's integrator.
+* ``"ssprk3"`` — Shu–Osher 3-stage 3rd-order strong-stability-preserving RK.
+* ``"rk4"`` — the classic 4-stage 4th-order RK.
+
+``f(t, y)`` may return any pytree shaped like ``y``.
+
+Two entry points:
+
+* :func:`integrate` — pure and differentiable: ``lax.scan`` over a static
+  number of steps, optional ``jax.checkpoint`` around chunks of steps
+  (memory ~ √steps for ``jax.grad`` through long runs), optional per-step
+  observations.
+* :func:`run` — the host-side driver: chunks of steps under ``jit``, a tqdm
+  progress bar on stderr, NaN/Inf detection that names the step where the
+  blow-up appeared (:class:`NonFiniteError`), refusal of a Δt above a given
+  stable limit, and atomic npz checkpoints from which a run resumes to a
+  bit-identical result. Its compiled chunk, :func:`advance_fn`, is also the
+  kernel to time (``experiments/maxwell_throughput.py``).
+
+Stability: :func:`stability_radius` is the radius of the largest half-disk
+``{|z| ≤ r, Re z ≤ 0}`` inside a method's stability region, so
+``Δt ≤ stability_radius(method) / ρ(L)`` is stable (eigenvalue criterion) for a
+linear operator whose spectrum lies in the closed left half-plane with spectral radius ρ
+(:func:`spectral_radius` estimates ρ by power iteration); :func:`cfl_dt` scales
+that limit by a CFL factor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "METHODS",
+    "LowStorageTableau",
+    "ButcherTableau",
+    "tableau",
+    "rk_step",
+    "integrate",
+    "run",
+    "advance_fn",
+    "RunInfo",
+    "NonFiniteError",
+    "stability_radius",
+    "imaginary_axis_limit",
+    "spectral_radius",
+    "cfl_dt",
+    "save_checkpoint",
+    "load_checkpoint",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LowStorageTableau:
+    """Williamson 2N-storage coefficients ``a, b, c`` (one per stage)."""
+
+    name: str
+    order: int
+    a: tuple
+    b: tuple
+    c: tuple
+
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+
+@dataclasses.dataclass(frozen=True)
+class ButcherTableau:
+    """An explicit Butcher tableau ``A`` (lower triangular), ``b``, ``c``."""
+
+    name: str
+    order: int
+    A: tuple
+    b: tuple
+    c: tuple
+
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+
+# Carpenter & Kennedy (1994), five-stage fourth-order 2N-storage RK, solution 3
+# (as in Hesthaven & Warburton, Nodal DG, Table 3.1, and NekCEM).
+LSERK4 = LowStorageTableau(
+    "lserk4", 4,
+    a=(0.0,
+       -567301805773.0 / 1357537059087.0,
+       -2404267990393.0 / 2016746695238.0,
+       -3550918686646.0 / 2091501179385.0,
+       -1275806237668.0 / 842570457699.0),
+    b=(1432997174477.0 / 9575080441755.0,
+       5161836677717.0 / 13612068292357.0,
+       1720146321549.0 / 2090206949498.0,
+       3134564353537.0 / 4481467310338.0,
+       2277821191437.0 / 14882151754819.0),
+    c=(0.0,
+       1432997174477.0 / 9575080441755.0,
+       2526269341429.0 / 6820363962896.0,
+       2006345519317.0 / 3224310063776.0,
+       2802321613138.0 / 2924317926251.0),
+)
+SSPRK3 = ButcherTableau(
+    "ssprk3", 3,
+    A=((), (1.0,), (0.25, 0.25)),
+    b=(1.0 / 6.0, 1.0 / 6.0, 2.0 / 3.0),
+    c=(0.0, 1.0, 0.5),
+)
+RK4 = ButcherTableau(
+    "rk4", 4,
+    A=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
+    b=(1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0),
+    c=(0.0, 0.5, 0.5, 1.0),
+)
+_TABLEAUX = {t.name: t for t in (LSERK4, SSPRK3, RK4)}
+METHODS = tuple(_TABLEAUX)
+
+
+def tableau(method: str):
+    """The coefficients of ``method`` (one of :data:`METHODS`)."""
+    if method not in _TABLEAUX:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return _TABLEAUX[method]
+
+
+# ----------------------------------------------------------------------------- one step
+
+_axpy = lambda a, x, y: jax.tree_util.tree_map(lambda xi, yi: a * xi + yi, x, y)
+
+
+def rk_step(f: Callable, t, y, dt, method: str = "lserk4", loop_stages: bool = False):
+    """One explicit RK step of ``y' = f(t, y)`` from ``(t, y)`` with step ``dt``.
+
+    ``loop_stages``: run the stages of a low-storage method as a ``fori_loop``
+    (one copy of ``f`` in the compiled program instead of one per stage: much
+    faster compilation, the same arithmetic).
+    """
+    tab = tableau(method)
+    if isinstance(tab, LowStorageTableau) and loop_stages:
+        dtype = jnp.result_type(*jax.tree_util.tree_leaves(y))
+        A, B, C = (jnp.asarray(v, dtype) for v in (tab.a, tab.b, tab.c))
+
+        def stage(s, carry):
+            y, k = carry
+            fk = f(t + C[s] * dt, y)
+            k = jax.tree_util.tree_map(lambda ki, fi: A[s] * ki + dt * fi, k, fk)
+            return _axpy(B[s], k, y), k
+
+        k0 = jax.tree_util.tree_map(jnp.zeros_like, y)
+        return jax.lax.fori_loop(0, tab.stages, stage, (y, k0))[0]
+    if isinstance(tab, LowStorageTableau):
+        k = None
+        for a, b, c in zip(tab.a, tab.b, tab.c):
+            fk = f(t + c * dt, y)
+            if k is None or not a:  # a_1 = 0: the first stage needs no k storage
+                k = jax.tree_util.tree_map(lambda fi: dt * fi, fk)
+            else:
+                k = jax.tree_util.tree_map(lambda ki, fi: a * ki + dt * fi, k, fk)
+            y = _axpy(b, k, y)
+        return y
+    ks = []
+    for s in range(tab.stages):
+        ys = y
+        for j, aij in enumerate(tab.A[s]):
+            if aij:
+                ys = _axpy(aij * dt, ks[j], ys)
+        ks.append(f(t + tab.c[s] * dt, ys))
+    for bs, ks_ in zip(tab.b, ks):
+        y = _axpy(bs * dt, ks_, y)
+    return y
+
+
+# ----------------------------------------------------------------------------- pure integration
+
+
+def integrate(
+    f: Callable,
+    y0,
+    dt,
+    num_steps: int,
+    *,
+    t0=0.0,
+    method: str = "lserk4",
+    checkpoint_every: int | None = None,
+    observe: Callable | None = None,
+    loop_stages: bool = True,
+):
+    """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit- and grad-friendly).
+
+    Args:
+      f: right-hand side ``f(t, y)``.
+      y0: initial state (any pytree of arrays).
+      dt: step size (may be traced).
+      num_steps: number of steps (static int ≥ 0).
+      t0: initial time; step m starts at ``t0 + m·dt`` (no accumulated round-off).
+      method: one of :data:`METHODS`.
+      checkpoint_every: if set, steps run in chunks of this many under
+        ``jax.checkpoint``: reverse mode stores one state per chunk and
+        recomputes inside it (memory ~ num_steps/chunk + chunk states).
+      observe: optional ``observe(y) -> pytree``; evaluated after every step.
+      loop_stages: run LSERK4's stages as a loop (see :func:`rk_step`): one copy
+        of ``f`` in the program, so compiling (and differentiating) is ~5× cheaper.
+
+    Returns ``y`` at ``t0 + num_steps·dt``, or ``(y, obs)`` when ``observe`` is
+    given, ``obs`` stacked over steps (leading axis ``num_steps``).
+    """
+    tableau(method)
+    num_steps = _check_steps(num_steps)
+
+    def one(y, m):
+        y = rk_step(f, t0 + m * dt, y, dt, method, loop_stages=loop_stages)
+        return y, (observe(y) if observe is not None else None)
+
+    steps = jnp.arange(num_steps)
+    if not checkpoint_every or checkpoint_every >= num_steps:
+        y, obs = jax.lax.scan(one, y0, steps)
+    else:
+        c = int(checkpoint_every)
+        if c < 1:
+            raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
+        nchunk, rest = divmod(num_steps, c)
+
+        @jax.checkpoint
+        def chunk(y, ms):
+            return jax.lax.scan(one, y, ms)
+
+        y, obs = jax.lax.scan(chunk, y0, steps[: nchunk * c].reshape(nchunk, c))
+        obs = jax.tree_util.tree_map(lambda o: o.reshape((nchunk * c,) + o.shape[2:]), obs)
+        if rest:
+            y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
+            obs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), obs, obs2)
+    return (y, obs) if observe is not None else y
+
+
+def _check_steps(num_steps):
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
+        raise ValueError(f"num_steps must be an int >= 0, got {num_steps!r}")
+    return int(num_steps)
+
+
+# ----------------------------------------------------------------------------- stability
+
+
+def _amplification(method: str, z):
+    """Stability function R(z) of ``method`` (NumPy, complex ``z``), from y' = λy."""
+    return rk_step(lambda t, y: z * y, 0.0, np.ones_like(z), 1.0, method)
+
+
+def _first_unstable(method: str, direction, r_max: float = 8.0, step: float = 0.01) -> np.ndarray:
+    """Per ray ``z = r·direction``: the first r where ``|R(z)| > 1`` (coarse scan, then bisection)."""
+    r = np.arange(step, r_max + step, step)
+    bad = np.abs(_amplification(method, r[:, None] * direction[None, :])) > 1.0 + 1e-12
+    idx = np.where(bad.any(axis=0), np.argmax(bad, axis=0), len(r) - 1)
+    lo, hi = np.where(idx > 0, r[idx - 1], 0.0), r[idx]
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        b = np.abs(_amplification(method, mid * direction)) > 1.0 + 1e-12
+        lo, hi = np.where(b, lo, mid), np.where(b, mid, hi)
+    return lo
+
+
+@functools.lru_cache(maxsize=None)
+def stability_radius(method: str) -> float:
+    """Largest r with ``|R(z)| ≤ 1`` on the half-disk ``|z| ≤ r, Re z ≤ 0``."""
+    tableau(method)
+    theta = np.linspace(np.pi / 2, 3 * np.pi / 2, 721)
+    return float(np.min(_first_unstable(method, np.exp(1j * theta))))
+
+
+@functools.lru_cache(maxsize=None)
+def imaginary_axis_limit(method: str) -> float:
+    """Largest y with ``|R(i s)| ≤ 1`` for all ``|s| ≤ y`` (central-flux DG spectra)."""
+    tableau(method)
+    return float(_first_unstable(method, np.array([1j]))[0])
+
+
+def _dot(u, v, args):
+    return jnp.sum(u * v)
+
+
+@functools.lru_cache(maxsize=32)
+def _power_fn(apply, inner, iterations):
+    @jax.jit
+    def go(v, args):
+        def body(_, carry):
+            v, _ = carry
+            v = v / jnp.sqrt(inner(v, v, args))
+            w = apply(v, args)
+            return w, jnp.sqrt(inner(w, w, args))
+
+        return jax.lax.fori_loop(0, iterations, body, (v, jnp.zeros((), v.dtype)))[1]
+
+    return go
+
+
+def spectral_radius(apply: Callable, like, args=None, inner: Callable | None = None,
+                    iterations: int = 60, seed: int = 0) -> float:
+    """Power-iteration estimate of the spectral radius of a linear map.
+
+    Args:
+      apply: ``(v, args) -> L v`` (linear in v), on arrays shaped like ``like``.
+      like: an array (or ``jax.ShapeDtypeStruct``) with the state's shape and dtype.
+      args: pytree passed to ``apply`` and ``inner`` (traced, not baked into
+        the compiled code; keep ``apply``/``inner`` the same objects between
+        calls to reuse the compiled loop).
+      inner: ``(u, v, args) -> <u, v>`` (default: sum of products); pass the
+        energy inner product for operators skew in it.
+      iterations: power iterations. The estimate approaches ρ from below; the
+        callers' limits keep a margin (see :func:`jaxsem.models.maxwell.stable_dt`).
+    """
+    # NumPy's generator: jax.random would compile threefry (seconds on a CPU) for one draw.
+    v = jnp.asarray(np.random.default_rng(seed).standard_normal(tuple(like.shape)), like.dtype)
+    go = _power_fn(apply, _dot if inner is None else inner, int(iterations))
+    return float(go(v, args))
+
+
+def cfl_dt(rho: float, method: str = "lserk4", cfl: float = 0.5) -> float:
+    """``Δt = cfl · stability_radius(method) / ρ``: cfl ≤ 1 is inside the stable limit."""
+    if not (np.isfinite(cfl) and cfl > 0):
+        raise ValueError(f"cfl must be a positive number, got {cfl!r}")
+    if not (np.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho (spectral radius) must be a positive number, got {rho!r}")
+    return float(cfl) * stability_radius(method) / float(rho)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path, y, t: float, step: int, **meta) -> None:
+    """Write state ``y`` (a pytree of arrays), time and step to ``path`` (npz), atomically.
+
+    The file is written to ``path + '.tmp'`` and moved into place with
+    ``os.replace``, so a crash leaves either the old or the new checkpoint.
+    """
+    leaves = jax.tree_util.tree_leaves(y)
+    arrays = {f"leaf_{i}": np.asarray(a) for i, a in enumerate(leaves)}
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, t=np.float64(t), step=np.int64(step), num_leaves=np.int64(len(leaves)),
+                 **{f"meta_{k}": np.asarray(v) for k, v in meta.items()}, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, like):
+    """Read a checkpoint written by :func:`save_checkpoint`: ``(y, t, step, meta)``.
+
+    ``like`` gives the pytree structure, shapes and dtypes to expect.
+    """
+    with np.load(os.fspath(path)) as z:
+        leaves_like, treedef = jax.tree_util.tree_flatten(like)
+        if int(z["num_leaves"]) != len(leaves_like):
+            raise ValueError(f"checkpoint {path} holds {int(z['num_leaves'])} arrays, expected {len(leaves_like)}")
+        leaves = []
+        for i, ref in enumerate(leaves_like):
+            a = z[f"leaf_{i}"]
+            if a.shape != jnp.shape(ref) or a.dtype != jnp.result_type(ref):
+                raise ValueError(f"checkpoint {path}: array {i} has shape {a.shape} {a.dtype}, "
+                                 f"expected {jnp.shape(ref)} {jnp.result_type(ref)}")
+            leaves.append(jnp.asarray(a))
+        meta = {k[5:]: z[k][()] for k in z.files if k.startswith("meta_")}
+        return jax.tree_util.tree_unflatten(treedef, leaves), float(z["t"]), int(z["step"]), meta
+
+
+# ----------------------------------------------------------------------------- guarded driver
+
+
+class NonFiniteError(FloatingPointError):
+    """The solution became NaN/Inf; ``step`` is the first step whose result is not finite."""
+
+    def __init__(self, step: int, t: float, method: str, dt: float):
+        self.step, self.t = step, t
+        super().__init__(
+            f"non-finite values (NaN/Inf) appeared at step {step} (t = {t:.6g}) of a {method} run "
+            f"with dt = {dt:.6g}; the state before that step was finite"
+        )
+
+
+class RunInfo(NamedTuple):
+    """What :func:`run` did: steps taken in this call, final step and time, wall seconds."""
+
+    steps: int
+    step: int
+    t: float
+    seconds: float
+    chunks: int
+    resumed_from: int | None
+
+
+@jax.jit
+def _all_finite(y):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree_util.tree_leaves(y)]))
+
+
+@functools.lru_cache(maxsize=32)
+def advance_fn(f, method: str, with_args: bool = True):
+    """A jitted ``(y, args, t0, dt, m0, count) -> y`` running steps ``m0 .. m0+count-1``."""
+    g = f if with_args else (lambda t, y, args: f(t, y))
+
+    @jax.jit
+    def advance(y, args, t0, dt, m0, count):
+        body = lambda m, y: rk_step(lambda t, y: g(t, y, args), t0 + m * dt, y, dt, method, loop_stages=True)
+        return jax.lax.fori_loop(m0, m0 + count, body, y)
+
+    return advance
+
+
+def run(
+    f: Callable,
+    y0,
+    dt: float,
+    num_steps: int,
+    *,
+    args=None,
+    t0: float = 0.0,
+    method: str = "lserk4",
+    dt_max: float | None = None,
+    chunk_steps: int = 100,
+    progress: bool = False,
+    desc: str = "time steps",
+    checkpoint_path=None,
+    resume=None,
+):
+    """Run ``num_steps`` steps in jitted chunks with guards; return ``(y, RunInfo)``.
+
+    Args:
+      f: right-hand side ``f(t, y)``, or ``f(t, y, args)`` when ``args`` is given;
+        keep the same function object between calls to reuse the compiled chunk.
+      args: a pytree of arrays passed to ``f`` as a jit argument (so large
+        operands, e.g. the discretization, are not baked into the program).
+      y0: initial state (pytree of arrays).
+      dt: step size (> 0).
+      num_steps: total steps from ``t0`` (int ≥ 0); a resumed run continues to it.
+      method: one of :data:`METHODS`.
+      dt_max: the stable limit (e.g. from :func:`cfl_dt` with cfl = 1); a
+        ``dt`` above it is refused with a ``ValueError`` naming the limit.
+      chunk_steps: steps per jitted chunk (the granularity of progress, NaN
+        checks and checkpoints).
+      progress: show a tqdm progress bar on stderr.
+      checkpoint_path: write ``(y, t, step)`` there after every chunk (atomic).
+      resume: path of a checkpoint to continue from (same dt, t0, method).
+
+    Raises :class:`NonFiniteError` with the first bad step if a NaN/Inf appears
+    (the chunk is replayed step by step from its finite start to find it).
+    The computation of each step does not depend on the chunking, so a resumed
+    run reproduces an uninterrupted one bit for bit.
+    """
+    tableau(method)
+    num_steps = _check_steps(num_steps)
+    dt = float(dt)
+    if not (np.isfinite(dt) and dt > 0):
+        raise ValueError(f"dt must be a positive finite number, got {dt!r}")
+    if dt_max is not None and dt > dt_max:
+        raise ValueError(
+            f"dt = {dt:.6g} exceeds the stable limit {dt_max:.6g} for {method}; "
+            f"use dt <= {dt_max:.6g}"
+        )
+    if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, (int, np.integer)) or chunk_steps < 1:
+        raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
+
+    y, m, resumed = y0, 0, None
+    if resume is not None:
+        y, _, m, meta = load_checkpoint(resume, y0)
+        for key, want in (("dt", dt), ("t0", float(t0))):
+            if key in meta and float(meta[key]) != want:
+                raise ValueError(f"resume: checkpoint {resume} has {key} = {float(meta[key])!r}, run has {want!r}")
+        if "method" in meta and str(meta["method"]) != method:
+            raise ValueError(f"resume: checkpoint {resume} used method {str(meta['method'])!r}, run has {method!r}")
+        if m > num_steps:
+            raise ValueError(f"resume: checkpoint {resume} is at step {m} > num_steps = {num_steps}")
+        resumed = m
+
+    if not bool(_all_finite(y)):
+        raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
+    advance = advance_fn(f, method, args is not None)
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
+    t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps, initial=m, desc=desc, file=sys.stderr, unit="step", leave=False)
+    start_step, chunks = m, 0
+    tic = time.perf_counter()
+    try:
+        while m < num_steps:
+            count = min(chunk_steps, num_steps - m)
+            y_new = advance(y, args, t0_, dt_, jnp.asarray(m), jnp.asarray(count))
+            if not bool(_all_finite(y_new)):
+                bad = m
+                for j in range(count):  # replay from the finite chunk start
+                    y = advance(y, args, t0_, dt_, jnp.asarray(m + j), jnp.asarray(1))
+                    if not bool(_all_finite(y)):
+                        bad = m + j
+                        break
+                raise NonFiniteError(bad + 1, t0 + (bad + 1) * dt, method, dt)
+            y, m = y_new, m + count
+            chunks += 1
+            if checkpoint_path is not None:
+                save_checkpoint(checkpoint_path, y, t0 + m * dt, m, dt=dt, t0=float(t0), method=method)
+            if bar is not None:
+                bar.update(count)
+        jax.block_until_ready(y)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - tic
+    return y, RunInfo(m - start_step, m, t0 + m * dt, seconds, chunks, resumed)

@@ -1,0 +1,122 @@
+"""Explicit RK: empirical orders, stability radii, checkpointed grads, the guarded driver."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsem import timestepping as ts
+
+# A damped rotation with forcing: y' = A y + (sin t, 0).
+A = jnp.array([[-0.1, 2.0], [-2.0, -0.1]])
+
+
+def f_lin(t, y):
+    return A @ y + jnp.array([jnp.sin(t), 0.0])
+
+
+Y0 = jnp.array([1.0, 0.0])
+
+
+@pytest.mark.parametrize("method,order", [("lserk4", 4), ("rk4", 4), ("ssprk3", 3)])
+def test_empirical_order(method, order):
+    ref = ts.integrate(f_lin, Y0, 1 / 2048, 4096, method="rk4")
+    errs = [float(jnp.linalg.norm(ts.integrate(f_lin, Y0, 2 / n, n, method=method) - ref)) for n in (32, 64, 128)]
+    rates = np.log2(np.array(errs[:-1]) / np.array(errs[1:]))
+    assert np.all(np.abs(rates - order) < 0.1), rates
+
+
+def test_stability_radii():
+    assert ts.imaginary_axis_limit("rk4") == pytest.approx(2 * np.sqrt(2), abs=1e-6)
+    assert ts.imaginary_axis_limit("ssprk3") == pytest.approx(np.sqrt(3), abs=1e-6)
+    assert ts.imaginary_axis_limit("lserk4") == pytest.approx(3.3407, abs=1e-3)  # Carpenter–Kennedy
+    assert ts.stability_radius("rk4") == pytest.approx(2.6156, abs=1e-3)
+    assert ts.stability_radius("ssprk3") == pytest.approx(np.sqrt(3), abs=1e-6)
+    assert ts.stability_radius("lserk4") == pytest.approx(3.1685, abs=1e-3)
+    for m in ts.METHODS:  # the half-disk is inside the region: |R| <= 1 on its boundary
+        z = ts.stability_radius(m) * np.exp(1j * np.linspace(np.pi / 2, 3 * np.pi / 2, 101))
+        assert np.all(np.abs(ts._amplification(m, z)) <= 1 + 1e-9)
+    assert ts.cfl_dt(10.0, "rk4", 0.5) == pytest.approx(0.5 * ts.stability_radius("rk4") / 10)
+
+
+def test_lserk4_is_fourth_order_on_scalar_exponential():
+    # R(z) agrees with exp(z) to O(z^5): the stage coefficients are right.
+    z = np.array([1e-2, 2e-2])
+    err = np.abs(ts._amplification("lserk4", z) - np.exp(z))
+    assert np.log2(err[1] / err[0]) == pytest.approx(5, abs=0.05)
+
+
+def test_checkpointed_integrate_matches_and_differentiates():
+    def loss(a, every):
+        f = lambda t, y: a * (A @ y)
+        return jnp.sum(ts.integrate(f, Y0, 0.01, 37, checkpoint_every=every) ** 2)
+
+    v0, g0 = jax.value_and_grad(loss)(1.3, None)
+    v1, g1 = jax.value_and_grad(loss)(1.3, 8)
+    assert v0 == pytest.approx(float(v1), rel=1e-14) and g0 == pytest.approx(float(g1), rel=1e-12)
+    h = 1e-6
+    fd = (loss(1.3 + h, None) - loss(1.3 - h, None)) / (2 * h)
+    assert float(g0) == pytest.approx(float(fd), rel=1e-7)
+
+
+def test_observe_collects_per_step():
+    y, obs = ts.integrate(f_lin, Y0, 0.1, 5, observe=lambda y: y[0], checkpoint_every=2)
+    assert obs.shape == (5,) and float(obs[-1]) == float(y[0])
+
+
+def test_run_matches_integrate_and_chunking_is_invisible():
+    y_int = ts.integrate(f_lin, Y0, 0.01, 250)
+    y1, info1 = ts.run(f_lin, Y0, 0.01, 250, chunk_steps=250)
+    y2, info2 = ts.run(f_lin, Y0, 0.01, 250, chunk_steps=33)
+    assert np.array_equal(np.asarray(y1), np.asarray(y2))  # bit-identical
+    assert np.allclose(y1, y_int, rtol=1e-13)
+    assert info2.steps == 250 and info2.chunks == 8 and info2.t == pytest.approx(2.5)
+
+
+def test_run_refuses_dt_above_limit():
+    with pytest.raises(ValueError, match=r"exceeds the stable limit 0\.05"):
+        ts.run(f_lin, Y0, 0.06, 10, dt_max=0.05)
+    with pytest.raises(ValueError, match="dt must be"):
+        ts.run(f_lin, Y0, -1.0, 10)
+    with pytest.raises(ValueError, match="method"):
+        ts.run(f_lin, Y0, 0.1, 10, method="euler")
+
+
+def test_run_reports_first_nonfinite_step():
+    # Blows up as soon as a stage sees t >= 0.5: step 50 (t from 0.49 to 0.50) is the first bad one.
+    f = lambda t, y: jnp.where(t >= 0.5 - 1e-12, jnp.nan, -y)
+    with pytest.raises(ts.NonFiniteError, match=r"at step 50 \(t = 0\.5\)") as exc:
+        ts.run(f, Y0, 0.01, 200, chunk_steps=30, method="rk4")
+    assert exc.value.step == 50
+    # And an exponential overflow is caught too (Inf).
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        ts.run(lambda t, y: 800.0 * y, Y0, 0.1, 200, chunk_steps=50)
+
+
+def test_checkpoint_restart_is_bit_identical(tmp_path):
+    path = tmp_path / "ck.npz"
+    y_full, _ = ts.run(f_lin, Y0, 0.01, 300, chunk_steps=40)
+    # An interrupted run: 120 steps with checkpoints, then resume to 300.
+    ts.run(f_lin, Y0, 0.01, 120, chunk_steps=40, checkpoint_path=path)
+    assert path.exists() and not os.path.exists(str(path) + ".tmp")
+    y_ck, t, step, meta = ts.load_checkpoint(path, Y0)
+    assert step == 120 and t == pytest.approx(1.2) and str(meta["method"]) == "lserk4"
+    y_res, info = ts.run(f_lin, Y0, 0.01, 300, chunk_steps=40, resume=path)
+    assert info.resumed_from == 120 and info.steps == 180
+    assert np.array_equal(np.asarray(y_res), np.asarray(y_full))
+    with pytest.raises(ValueError, match="dt"):
+        ts.run(f_lin, Y0, 0.02, 300, resume=path)
+
+
+def test_progress_bar_on_stderr(capsys):
+    ts.run(f_lin, Y0, 0.01, 20, chunk_steps=5, progress=True, desc="unit")
+    out, err = capsys.readouterr()
+    assert out == "" and "unit" in err
+
+
+def test_spectral_radius_of_a_known_operator():
+    lam = jnp.array([3.0, -7.0, 2.0, 0.5])
+    rho = ts.spectral_radius(lambda v, a: a * v, jnp.zeros(4), lam, iterations=200)
+    assert rho == pytest.approx(7.0, rel=1e-6)
