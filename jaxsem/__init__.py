@@ -24,6 +24,7 @@ from .comm import Comm, get_comm  # noqa: E402
 from .partition import partition_mesh  # noqa: E402
 from .solvers import PCGInfo, pcg  # noqa: E402
 from .models import poisson  # noqa: E402
+from . import inverse  # noqa: E402
 from . import dg, io, timestepping  # noqa: E402
 from .dg import DG, discretize_dg  # noqa: E402
 from .io import write_vtu  # noqa: E402

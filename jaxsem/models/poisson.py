@@ -74,10 +74,10 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
     def apply(u):
         w = 0.0
         if not _is_zero(h1):
-            h = None if (isinstance(h1, (int, float)) and h1 == 1) else h1
+            h = None if _unit(h1) else h1
             w = stiffness_gll_auto(u, sem.D, g.G, h, impl=impl) if coll else stiffness(u, sem.J, sem.Dt, g.G, h)
         if not _is_zero(h2):
-            h = None if (isinstance(h2, (int, float)) and h2 == 1) else h2
+            h = None if _unit(h2) else h2
             w = w + ((g.B if h is None else g.B * h) * u if coll else mass(u, sem.J, g.B, h))
         return w
 
@@ -90,15 +90,18 @@ def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
     return lambda u: sem.mask * sem.dssum(loc(u))
 
 
+def _unit(h):
+    """True for the Python scalar 1 (a coefficient that needs no multiply)."""
+    return isinstance(h, (int, float)) and not isinstance(h, bool) and h == 1
+
+
 def jacobi(sem: SEM, h1=1.0, h2=0.0):
     """Inverse of the exact assembled diagonal, 0 on Dirichlet nodes: ``(E, n, n, n)``."""
     d = 0.0
     if not _is_zero(h1):
-        d = stiffness_diagonal(sem.J, sem.Dt, sem.geom.G, None if h1 == 1 else h1) if not isinstance(
-            h1, jax.Array
-        ) else stiffness_diagonal(sem.J, sem.Dt, sem.geom.G, h1)
+        d = stiffness_diagonal(sem.J, sem.Dt, sem.geom.G, None if _unit(h1) else h1)
     if not _is_zero(h2):
-        d = d + mass_diagonal(sem.J, sem.geom.B, None if (isinstance(h2, (int, float)) and h2 == 1) else h2)
+        d = d + mass_diagonal(sem.J, sem.geom.B, None if _unit(h2) else h2)
     d = sem.dssum(d)
     return sem.mask / jnp.where(sem.mask > 0, d, 1.0)
 

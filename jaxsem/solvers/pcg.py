@@ -186,8 +186,9 @@ def linear_solve(
     maps any E-vector to the continuous, masked subspace where ``A`` is
     symmetric in ``dot``. The solve is ``S b = pcg(A, project(b))``; its
     Euclidean transpose is ``Sᵀ c = weight · pcg(A, mask·gs(c))``, which
-    :func:`jax.lax.custom_linear_solve` uses for the adjoint solve. The adjoint
-    solve's :class:`PCGInfo` is produced like the forward one.
+    :func:`jax.lax.custom_linear_solve` uses for the adjoint solve. JAX's
+    transpose rule drops the adjoint solve's :class:`PCGInfo`; to see it (and
+    be warned when the adjoint does not converge) use :func:`jaxsem.inverse.solve`.
 
     Args: ``project`` as above; ``weight`` the inverse multiplicity E-vector
     (times the mask); others as :func:`pcg`. Returns ``(x, PCGInfo)``.

@@ -1,0 +1,199 @@
+"""Parameter studies through elliptic solves: an adjoint that reports itself, and field parametrizations.
+
+:func:`jaxsem.models.poisson.solve` is already differentiable: it wraps PCG in
+``lax.custom_linear_solve``, so ``jax.grad`` runs one adjoint (transpose)
+solve. But JAX's transpose rule for ``custom_linear_solve`` drops the
+auxiliary output of ``transpose_solve``, so the adjoint's :class:`PCGInfo`
+never reaches the caller: a non-converged adjoint would give a wrong gradient
+silently. :func:`solve` here has the same forward pass and a ``jax.custom_vjp``
+whose backward pass runs the adjoint PCG itself and
+
+* reports its info as the *cotangent of a probe argument* (a :class:`PCGInfo`
+  of float zeros from :func:`adjoint_probe`): differentiate the loss with
+  respect to the probe too and read the adjoint's info with
+  :func:`adjoint_info` — pure, works under ``jit`` and ``vmap`` (one info per
+  batch member);
+* warns (:class:`AdjointNotConvergedWarning`, through ``jax.debug.callback``)
+  when the adjoint misses its tolerance, unless ``check=False``.
+
+The gradient is the implicit-function one: for A(p) u = b(p),
+p̄ = (∂b/∂p − ∂(A u)/∂p)ᵀ λ with the adjoint λ = Sᵀ ū, S the projected solve
+of :func:`jaxsem.solvers.pcg.linear_solve` and Sᵀ c = w·pcg(A, mask·gs(c)).
+Only reverse mode: use :func:`jaxsem.models.poisson.solve` for ``jvp``.
+
+Field parametrizations for inverse problems: :func:`grid_field` (trilinear
+interpolation of values on a coarse uniform grid) and :func:`grid_gradient_penalty`
+(its discrete ∫|∇h|²).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .discretization import SEM
+from .models import poisson
+from .solvers.pcg import PCGInfo, pcg
+
+__all__ = [
+    "AdjointNotConvergedWarning", "adjoint_probe", "adjoint_info", "solve",
+    "grid_field", "grid_gradient_penalty",
+]
+
+
+class AdjointNotConvergedWarning(RuntimeWarning):
+    """The adjoint PCG of a gradient stopped above its tolerance."""
+
+
+def adjoint_probe(maxiter: int = 1000, dtype=jnp.float64) -> PCGInfo:
+    """Zeros shaped like a :class:`PCGInfo` (all float): pass to :func:`solve` as ``probe``.
+
+    Its gradient (``jax.grad(loss, argnums=…)``) is the adjoint solve's info in
+    float form; convert with :func:`adjoint_info`. ``maxiter`` must match the solve's.
+    """
+    z = jnp.zeros((), dtype)
+    return PCGInfo(z, z, z, z, jnp.zeros((maxiter + 1,), dtype))
+
+
+def adjoint_info(probe_grad: PCGInfo) -> PCGInfo:
+    """The adjoint :class:`PCGInfo` from the gradient of a probe (integer iterations, bool converged).
+
+    A probe used by several solves in one loss receives the sum of their infos;
+    use one probe per solve.
+    """
+    it, res, res0, conv, hist = probe_grad
+    return PCGInfo(jnp.round(it).astype(jnp.int32), res, res0, conv > 0.5, hist)
+
+
+def _warn_adjoint(converged, iterations, residual, residual0):
+    converged = np.asarray(converged)
+    if not converged.all():
+        rel = np.asarray(residual) / np.where(np.asarray(residual0) > 0, residual0, 1)
+        warnings.warn(
+            f"adjoint PCG did not converge: {int((~converged).sum())} of {converged.size} solve(s), "
+            f"iterations {np.asarray(iterations).ravel().tolist()}, relative residual "
+            f"{np.max(rel):.3e}; the gradient is inaccurate (raise maxiter or loosen tol)",
+            AdjointNotConvergedWarning, stacklevel=2,
+        )
+
+
+def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, *, rhs=None,
+          method: str = "classic", probe: PCGInfo | None = None, check: bool = True):
+    """:func:`jaxsem.models.poisson.solve` whose backward pass reports the adjoint solve.
+
+    Args: as :func:`jaxsem.models.poisson.solve` (``f`` a callable or values at
+      the quadrature points ``(E, q, q, q)``, or ``rhs`` an assembled E-vector;
+      ``h1, h2`` scalars, ``(E, 1, 1, 1)`` per element or ``(E, q, q, q)`` per
+      point); ``probe``: from :func:`adjoint_probe`, receives the adjoint's
+      info as its gradient; ``check``: warn when the adjoint does not converge
+      (skipped in fixed-iteration mode, ``tol=0``).
+    Returns ``(u, PCGInfo)`` of the forward solve. Differentiable (reverse mode)
+    w.r.t. ``f``/``rhs``, ``h1``, ``h2``, the arrays of ``sem`` (hence node
+    coordinates through :meth:`SEM.with_coordinates`) and ``probe``.
+    """
+    if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1:
+        raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
+    if (f is None) == (rhs is None):
+        raise ValueError("give exactly one of f (a source) and rhs (an assembled E-vector)")
+    # the load is ordinary JAX code: its derivatives (source, geometry) need no adjoint
+    b = poisson.load(sem, f) if rhs is None else jnp.asarray(rhs, sem.x.dtype)
+    dt = sem.x.dtype
+    if probe is None:
+        probe = adjoint_probe(maxiter, dt)
+    elif probe.history.shape != (maxiter + 1,):
+        raise ValueError(f"probe must come from adjoint_probe(maxiter={maxiter}), "
+                         f"got history shape {probe.history.shape}")
+    # a literal 0 stays static (None) so the operator skips that term
+    h1, h2 = (None if _is_literal_zero(h) else jnp.asarray(h, dt) for h in (h1, h2))
+    return _solve(tol, maxiter, method, check, sem, b, h1, h2, probe)
+
+
+def _residual(sem, b, h1, h2, u):
+    """b − A(h₁, h₂; geometry) u: the equation whose implicit derivative is the gradient."""
+    return b - poisson.operator(sem, _c(h1), _c(h2))(u)
+
+
+def _is_literal_zero(h):
+    return isinstance(h, (int, float)) and not isinstance(h, bool) and h == 0
+
+
+def _c(h):
+    return 0.0 if h is None else h
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _solve(tol, maxiter, method, check, sem, b, h1, h2, probe):
+    return poisson.solve(sem, None, _c(h1), _c(h2), tol=tol, maxiter=maxiter, rhs=b, method=method)
+
+
+def _solve_fwd(tol, maxiter, method, check, sem, b, h1, h2, probe):
+    u, info = _solve(tol, maxiter, method, check, sem, b, h1, h2, probe)
+    return (u, info), (sem, b, h1, h2, u)
+
+
+def _solve_bwd(tol, maxiter, method, check, res, cts):
+    sem, b, h1, h2, u = res
+    ubar = cts[0]  # the info's cotangents are zero (integers, or unused floats)
+    A = poisson.operator(sem, _c(h1), _c(h2))
+    dinv = poisson.jacobi(sem, _c(h1), _c(h2))
+    weight = sem.mult * sem.mask
+    # Sᵀ ū, exactly the transpose_solve of jaxsem.solvers.pcg.linear_solve
+    rhs = sem.mask * sem.dssum(sem.mult * (ubar / jnp.where(weight != 0, weight, 1)))
+    y, info = pcg(A, rhs, dot=sem.dot, precond=lambda r: dinv * r, tol=tol, maxiter=maxiter,
+                  dots=sem.dots, method=method)
+    lam = weight * y
+    if check and tol > 0:
+        jax.debug.callback(_warn_adjoint, info.converged, info.iterations, info.residual, info.residual0)
+    _, vjp = jax.vjp(lambda s, b_, a1, a2: _residual(s, b_, a1, a2, u), sem, b, h1, h2)
+    sem_bar, b_bar, h1_bar, h2_bar = vjp(lam)
+    dt = u.dtype
+    probe_bar = PCGInfo(info.iterations.astype(dt), info.residual.astype(dt), info.residual0.astype(dt),
+                        info.converged.astype(dt), info.history.astype(dt))
+    return sem_bar, b_bar, h1_bar, h2_bar, probe_bar
+
+
+_solve.defvjp(_solve_fwd, _solve_bwd)
+
+
+def grid_field(theta, x, lower=(0.0, 0.0, 0.0), upper=(1.0, 1.0, 1.0)):
+    """Trilinear interpolation of grid values to points.
+
+    ``theta: (mx, my, mz)`` values at the nodes of a uniform grid spanning the
+    box ``[lower, upper]`` (each m ≥ 2; ``theta[i, j, k]`` at
+    ``lower + (i, j, k)·spacing``); ``x: (3, ...)`` points (clamped to the box).
+    Returns ``(...)``. Linear in ``theta``; piecewise smooth in ``x``.
+    """
+    theta = jnp.asarray(theta)
+    if theta.ndim != 3 or min(theta.shape) < 2:
+        raise ValueError(f"theta must have shape (mx, my, mz) with every m >= 2, got {theta.shape}")
+    idx, frac = [], []
+    for d in range(3):
+        s = (x[d] - lower[d]) / (upper[d] - lower[d]) * (theta.shape[d] - 1)
+        s = jnp.clip(s, 0.0, theta.shape[d] - 1)
+        i = jnp.clip(jnp.floor(s).astype(jnp.int32), 0, theta.shape[d] - 2)
+        idx.append(i)
+        frac.append(s - i)
+    out = 0.0
+    for a in (0, 1):
+        for b in (0, 1):
+            for c in (0, 1):
+                w = ((frac[0] if a else 1 - frac[0]) * (frac[1] if b else 1 - frac[1])
+                     * (frac[2] if c else 1 - frac[2]))
+                out = out + w * theta[idx[0] + a, idx[1] + b, idx[2] + c]
+    return out
+
+
+def grid_gradient_penalty(theta, lower=(0.0, 0.0, 0.0), upper=(1.0, 1.0, 1.0)):
+    """Discrete ∫|∇h|² of grid values ``theta: (mx, my, mz)``: Σ_d Σ (Δ_d θ / h_d)² · cell volume.
+
+    Forward differences along each axis, averaged over the other axes'
+    nodes (trapezoid weights omitted: a Tikhonov seminorm, not an exact integral).
+    """
+    theta = jnp.asarray(theta)
+    h = [(upper[d] - lower[d]) / (theta.shape[d] - 1) for d in range(3)]
+    vol = h[0] * h[1] * h[2]
+    return sum(jnp.sum((jnp.diff(theta, axis=d) / h[d]) ** 2) for d in range(3)) * vol
