@@ -41,10 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import basis
-from .gather_scatter import GatherScatter, gs_apply, make_gs
+from .comm import Comm, allreduce_sum
+from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from .geometry import geometric_factors, quadrature
 from .mesh import Mesh
 from .numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
+from .partition import partition_mesh
 
 __all__ = [
     "FaceConnectivity",
@@ -211,8 +213,18 @@ class DG:
       sJ: ``(E, 6, n, n)`` surface Jacobian.
       lift: ``(E, 6, n, n)`` ``sJ / (jac · w_end)``: face integral → nodal rate.
       boundary: ``(E, 6, 1, 1)`` 1.0 on domain-boundary faces, else 0.0.
-      fgs: face-point gather–scatter plan (ids of :class:`FaceConnectivity`).
+      fgs: face-point gather–scatter plan (ids of :class:`FaceConnectivity`);
+        distributed, it also exchanges the faces shared with other ranks.
       order: polynomial order N (static).
+      elements: ``(E,)`` global indices of this rank's elements (all of them on
+        one rank); ``None`` for a hand-built DG.
+      num_global_elements: elements of the whole mesh (static; 0: same as E).
+      comm: the communicator (static, default serial ``Comm()``).
+
+    Distributed (``comm.size > 1``), every array holds only this rank's
+    elements, ``boundary`` marks physical boundary faces only (faces shared
+    with another rank are exchanged, not mirrored), and global reductions
+    (:meth:`integrate`, Maxwell's energy, errors and Δt) all-reduce over ``comm``.
     """
 
     x: jax.Array
@@ -226,6 +238,9 @@ class DG:
     boundary: jax.Array
     fgs: GatherScatter
     order: int = dataclasses.field(metadata=dict(static=True))
+    elements: jax.Array | None = None
+    num_global_elements: int = dataclasses.field(default=0, metadata=dict(static=True))
+    comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
 
     @property
     def n(self) -> int:
@@ -239,8 +254,8 @@ class DG:
         return faces(u)
 
     def integrate(self, u):
-        """∫ u dx with the GLL rule; ``u: (..., E, n, n, n)`` summed over everything."""
-        return jnp.sum(self.mass * u)
+        """∫ u dx with the GLL rule; ``u: (..., E, n, n, n)`` summed over everything (all ranks)."""
+        return allreduce_sum(jnp.sum(self.mass * u), self.comm)
 
 
 def discretize_dg(
@@ -249,28 +264,50 @@ def discretize_dg(
     numbering: Numbering | None = None,
     gs_layout: str = "segment",
     connectivity: FaceConnectivity | None = None,
+    comm: Comm | None = None,
+    partition: np.ndarray | None = None,
 ) -> DG:
     """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
 
+    ``comm``: ``None`` or a one-rank ``Comm()`` gives the serial DG of the whole
+    mesh. With ``comm.size > 1`` (e.g. :func:`jaxsem.comm.get_comm` under
+    mpirun) every rank passes the same global ``mesh`` and keeps only its
+    elements (``partition``: ``(E,)`` rank of each element, default
+    :func:`jaxsem.partition.partition_mesh`); the face exchange is the
+    additive gather–scatter over the global face-point ids with one packed
+    message per neighbour rank (:func:`jaxsem.gather_scatter.make_gs_distributed`).
+
     Raises ``ValueError`` for an inverted element (from
-    :func:`jaxsem.geometry.geometric_factors`) or a bad dtype.
+    :func:`jaxsem.geometry.geometric_factors`), a bad dtype or a bad partition.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    comm = Comm() if comm is None else comm
+    if not isinstance(comm, Comm):
+        raise TypeError(f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__}")
     conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
     N = mesh.order
-    geom = geometric_factors(jnp.asarray(mesh.x, jnp.float64), quadrature(N, "gll"))
+    Eg = mesh.num_elements
+    if comm.size > 1:
+        part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
+        if part.shape != (Eg,) or part.min() < 0 or part.max() >= comm.size:
+            raise ValueError(f"partition must be (E,) = ({Eg},) ranks in [0, {comm.size})")
+        fgs, elements = make_gs_distributed(conn.fid, part, comm, layout=gs_layout, dtype=dtype)
+    else:
+        fgs, elements = make_gs(conn.fid, conn.num_ids, layout=gs_layout, dtype=dtype), np.arange(Eg)
+    x = np.asarray(mesh.x)[:, elements]
+    geom = geometric_factors(jnp.asarray(x, jnp.float64), quadrature(N, "gll"))
     normal, sJ, lift = _face_geometry(geom.rx, geom.jac, N)
     xg, _ = basis.gll_points(N)
-    fgs = make_gs(conn.fid, conn.num_ids, layout=gs_layout, dtype=dtype)
     cast = lambda a: jnp.asarray(a, dtype)
     return DG(
-        x=cast(mesh.x), D=cast(basis.derivative_matrix(xg)), rx=cast(geom.rx), jac=cast(geom.jac),
+        x=cast(x), D=cast(basis.derivative_matrix(xg)), rx=cast(geom.rx), jac=cast(geom.jac),
         mass=cast(geom.B), normal=cast(normal), sJ=cast(sJ), lift=cast(lift),
-        boundary=cast(conn.boundary[:, :, None, None]), fgs=fgs, order=N,
+        boundary=cast(conn.boundary[elements][:, :, None, None]), fgs=fgs, order=N,
+        elements=jnp.asarray(elements, jnp.int32), num_global_elements=Eg, comm=comm,
     )
 
 
@@ -292,9 +329,10 @@ def _face_geometry(rx, jac, N):
 
 
 def face_exchange(dg: DG, fu):
-    """The serial exchange: Σ over the copies of each face point, ``fu: (C, E, 6, n, n)``.
+    """The face exchange: Σ over the copies of each face point, ``fu: (C, E, 6, n, n)``.
 
-    One gather–scatter for all C components (one ``segment_sum`` batched over C).
+    One gather–scatter for all C components (one ``segment_sum`` batched over C);
+    on a distributed DG, plus one packed message per neighbour rank for all C.
     """
     return gs_apply(dg.fgs, fu)
 

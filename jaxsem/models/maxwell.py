@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import timestepping as ts
+from ..comm import allreduce_sum
 from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
 from ..mesh import box_mesh
 
@@ -240,13 +241,15 @@ def make_rhs(flux: str = "upwind", bc: str = "pec", exchange: Callable | None = 
 
 @jax.jit
 def energy(dg: DG, mat: Material, q):
-    """Electromagnetic energy ½ ∫ (ε|E|² + μ|H|²) dx with the GLL rule."""
-    return 0.5 * jnp.sum(dg.mass * (mat.eps * jnp.sum(q[:3] ** 2, 0) + mat.mu * jnp.sum(q[3:] ** 2, 0)))
+    """Electromagnetic energy ½ ∫ (ε|E|² + μ|H|²) dx with the GLL rule (summed over all ranks)."""
+    local = jnp.sum(dg.mass * (mat.eps * jnp.sum(q[:3] ** 2, 0) + mat.mu * jnp.sum(q[3:] ** 2, 0)))
+    return 0.5 * allreduce_sum(local, dg.comm)
 
 
 def _energy_inner(u, v, args):
     dg, mat = args
-    return jnp.sum(dg.mass * (mat.eps * jnp.sum(u[:3] * v[:3], 0) + mat.mu * jnp.sum(u[3:] * v[3:], 0)))
+    local = jnp.sum(dg.mass * (mat.eps * jnp.sum(u[:3] * v[:3], 0) + mat.mu * jnp.sum(u[3:] * v[3:], 0)))
+    return allreduce_sum(local, dg.comm)
 
 
 @functools.lru_cache(maxsize=None)
@@ -257,7 +260,18 @@ def _operator(flux, bc, form):
 
 def spectral_radius(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", iterations: int = 60,
                     form: str = "split") -> float:
-    """Power-iteration estimate of ρ of the semi-discrete operator, in the energy norm."""
+    """Power-iteration estimate of ρ of the semi-discrete operator, in the energy norm.
+
+    Distributed, each rank starts from its elements' part of the serial start
+    vector and the inner products all-reduce, so every rank gets the serial ρ
+    (up to the order of the sums).
+    """
+    if dg.comm.size > 1:
+        # The serial start vector (NumPy, seed 0, the whole mesh's shape), restricted to this rank.
+        shape = (6, dg.num_global_elements) + (dg.n,) * 3
+        v = np.random.default_rng(0).standard_normal(shape)[:, np.asarray(dg.elements)]
+        go = ts._power_fn(_operator(flux, bc, form), _energy_inner, int(iterations))
+        return float(go(jnp.asarray(v, dg.jac.dtype), (dg, mat)))
     like = jax.ShapeDtypeStruct((6,) + dg.jac.shape, dg.jac.dtype)
     return ts.spectral_radius(_operator(flux, bc, form), like, (dg, mat), inner=_energy_inner,
                               iterations=iterations)
@@ -334,14 +348,15 @@ def _plane_wave(x, t, lengths, wavenumber, amplitude, eps, mu):
 
 
 def relative_error(dg: DG, q, q_exact) -> float:
-    """Relative L2 error of all six components: ‖q − q_ex‖ / ‖q_ex‖ (GLL rule)."""
-    return float(_relative_error(dg.mass, q, q_exact))
+    """Relative L2 error of all six components: ‖q − q_ex‖ / ‖q_ex‖ (GLL rule, all ranks)."""
+    return float(_relative_error(dg.mass, q, q_exact, dg.comm))
 
 
 @jax.jit
-def _relative_error(mass, q, q_exact):
+def _relative_error(mass, q, q_exact, comm):
     num = jnp.sum(mass * jnp.sum((q - q_exact) ** 2, 0))
     den = jnp.sum(mass * jnp.sum(q_exact**2, 0))
+    num, den = allreduce_sum(jnp.stack([num, den]), comm)
     return jnp.sqrt(num / den)
 
 
@@ -401,8 +416,11 @@ class ModeResult(NamedTuple):
 def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
                bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
                lengths=(1.0, 1.0, 1.0), mode=None, dtype=jnp.float64, progress: bool = False,
-               chunk_steps: int = 100, form: str = "split"):
+               chunk_steps: int = 100, form: str = "split", comm=None, partition=None):
     """Exact-mode verification run in a box: PEC cavity mode or periodic plane wave.
+
+    ``comm``/``partition``: distributed run (see :func:`jaxsem.dg.discretize_dg`;
+    ``q`` is this rank's part, the error and energies are global).
 
     ``bc="pec"``: :func:`cavity_mode` (``mode`` default (1, 1, 1)); ``bc="periodic"``:
     :func:`plane_wave` (``mode`` = wavenumber, default (1, 1, 0)). Returns
@@ -412,7 +430,7 @@ def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux
         raise ValueError(f"bc must be 'pec' or 'periodic', got {bc!r}")
     periodic = bc == "periodic"
     mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(periodic,) * 3, deform=deform)
-    dg = discretize_dg(mesh, dtype=dtype)
+    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition)
     mat = material(dg)
     if periodic:
         exact = functools.partial(plane_wave, lengths=lengths, wavenumber=mode or (1, 1, 0))
