@@ -194,20 +194,26 @@ def bench_bk(
     (dofs / seconds), bytes_per_dof, bytes_per_second [, bandwidth,
     ceiling_dofs_per_second, percent_of_ceiling].
     """
+    repeats = _check_positive_int(repeats, "repeats")
+    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
+    return _bench("bk", k, order, elements, dtype, deform, bandwidth, progress, timer)
+
+
+def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) -> dict:
+    """Validate, discretize BPk's box mesh once (timed as setup), run ``timer``, add rates."""
     k = _check_k(k)
     order = basis._check_order(order)
     ne = _check_elements(elements)
-    repeats = _check_positive_int(repeats, "repeats")
     dt = _check_dtype(dtype)
     bandwidth = _check_bandwidth(bandwidth)
     spec = BK_SPECS[k]
 
-    _note(progress, f"setting up bk{k}: order {order}, elements {ne}")
+    _note(progress, f"setting up {kind}{k}: order {order}, elements {ne}")
     t0 = time.perf_counter()
     sem = poisson.bp_discretize(box_mesh(ne, order, deform=deform), k, dtype=dt)
     jax.block_until_ready(sem)
     setup = time.perf_counter() - t0
-    result = time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
+    result = timer(spec, sem)
     result.update(elements=list(ne), deform=float(deform), setup_seconds=setup)
     points, dofs = count_dofs(spec.components, order, ne)
     assert (points, dofs) == (result["points"], result["dofs"])
@@ -281,25 +287,10 @@ def bench_bp(
     ``converged`` (None: no stopping test in fixed-iteration mode) and
     ``residual_reduction`` (‖r‖/‖b‖ after the run).
     """
-    k = _check_k(k)
-    order = basis._check_order(order)
-    ne = _check_elements(elements)
     iterations = _check_positive_int(iterations, "iterations")
     repeats = _check_positive_int(repeats, "repeats")
-    dt = _check_dtype(dtype)
-    bandwidth = _check_bandwidth(bandwidth)
-    spec = BK_SPECS[k]
-
-    _note(progress, f"setting up bp{k}: order {order}, elements {ne}")
-    t0 = time.perf_counter()
-    sem = poisson.bp_discretize(box_mesh(ne, order, deform=deform), k, dtype=dt)
-    jax.block_until_ready(sem)
-    setup = time.perf_counter() - t0
-    result = time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
-    result.update(elements=list(ne), deform=float(deform), setup_seconds=setup)
-    points, dofs = count_dofs(spec.components, order, ne)
-    assert (points, dofs) == (result["points"], result["dofs"])
-    return _rates(result, bandwidth)
+    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
+    return _bench("bp", k, order, elements, dtype, deform, bandwidth, progress, timer)
 
 
 def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, impl: str = "auto") -> dict:

@@ -60,7 +60,12 @@ def launcher_size() -> int | None:
         ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE`` or ``MV2_COMM_WORLD_SIZE``), or
         ``None`` when no launcher variable is set (a plain ``python`` process).
     """
-    for var in _LAUNCHER_SIZE_VARS:
+    return _int_from_env(_LAUNCHER_SIZE_VARS)
+
+
+def _int_from_env(names) -> int | None:
+    """The first of the environment variables ``names`` that holds an integer."""
+    for var in names:
         value = os.environ.get(var)
         if value:
             try:
@@ -72,14 +77,7 @@ def launcher_size() -> int | None:
 
 def local_rank() -> int | None:
     """This process's rank on its node, from the launcher's environment (None without one)."""
-    for var in _LOCAL_RANK_VARS:
-        value = os.environ.get(var)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                continue
-    return None
+    return _int_from_env(_LOCAL_RANK_VARS)
 
 
 def bind_local_device() -> None:
