@@ -436,6 +436,7 @@ def run(
     desc: str = "time steps",
     checkpoint_path=None,
     resume=None,
+    comm=None,
 ):
     """Run ``num_steps`` steps in jitted chunks with guards; return ``(y, RunInfo)``.
 
@@ -455,6 +456,9 @@ def run(
       progress: show a tqdm progress bar on stderr.
       checkpoint_path: write ``(y, t, step)`` there after every chunk (atomic).
       resume: path of a checkpoint to continue from (same dt, t0, method).
+      comm: a distributed run's communicator (:mod:`jaxsem.comm`): the NaN/Inf
+        test is then global (every rank stops, and replays, together) and each
+        rank writes/reads its own checkpoint file ``PATH.rank{r}-of-{P}``.
 
     Raises :class:`NonFiniteError` with the first bad step if a NaN/Inf appears
     (the chunk is replayed step by step from its finite start to find it).
@@ -474,6 +478,20 @@ def run(
     if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, (int, np.integer)) or chunk_steps < 1:
         raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
 
+    distributed = comm is not None and comm.size > 1
+    if distributed:
+        suffix = f".rank{comm.rank}-of-{comm.size}"
+        checkpoint_path = None if checkpoint_path is None else f"{checkpoint_path}{suffix}"
+        resume = None if resume is None else f"{resume}{suffix}"
+
+    def finite(y):
+        ok = _all_finite(y)
+        if distributed:
+            from .comm import allreduce_sum
+
+            ok = allreduce_sum(jnp.where(ok, 0, 1), comm) == 0
+        return bool(ok)
+
     y, m, resumed = y0, 0, None
     if resume is not None:
         y, _, m, meta = load_checkpoint(resume, y0)
@@ -486,7 +504,7 @@ def run(
             raise ValueError(f"resume: checkpoint {resume} is at step {m} > num_steps = {num_steps}")
         resumed = m
 
-    if not bool(_all_finite(y)):
+    if not finite(y):
         raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
     advance = advance_fn(f, method, args is not None)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
@@ -502,11 +520,11 @@ def run(
         while m < num_steps:
             count = min(chunk_steps, num_steps - m)
             y_new = advance(y, args, t0_, dt_, jnp.asarray(m), jnp.asarray(count))
-            if not bool(_all_finite(y_new)):
+            if not finite(y_new):
                 bad = m
                 for j in range(count):  # replay from the finite chunk start
                     y = advance(y, args, t0_, dt_, jnp.asarray(m + j), jnp.asarray(1))
-                    if not bool(_all_finite(y)):
+                    if not finite(y):
                         bad = m + j
                         break
                 raise NonFiniteError(bad + 1, t0 + (bad + 1) * dt, method, dt)

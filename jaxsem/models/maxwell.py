@@ -395,7 +395,7 @@ def simulate(dg: DG, mat: Material, q0, t_final: float, *, flux: str = "upwind",
             raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
     q, info = ts.run(make_rhs(flux, bc, exchange, form), q0, dt, steps, args=(dg, mat), method=method, dt_max=limit,
                      chunk_steps=chunk_steps, progress=progress, desc="maxwell",
-                     checkpoint_path=checkpoint_path, resume=resume)
+                     checkpoint_path=checkpoint_path, resume=resume, comm=dg.comm)
     return q, info, dt
 
 

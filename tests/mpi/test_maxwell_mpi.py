@@ -84,3 +84,20 @@ def test_periodic_plane_wave_central_uneven_partition(comm):
     assert abs(d["e"] / d["e0"] - 1) < 1e-3
     assert np.array_equal(d["el"], np.nonzero(part == comm.rank)[0])
     assert float(jnp.sum(d["dg"].boundary)) == 0.0  # fully periodic: no mirrored face on any rank
+
+
+def test_blow_up_is_detected_on_every_rank(comm):
+    """A NaN on one rank only must stop all ranks at the same step (no hang)."""
+    import jax.numpy as jnp
+    import pytest
+
+    from jaxsem import timestepping as ts
+
+    def f(t, y):
+        # rank 0 blows up from step 3 on; the others stay finite
+        bad = (comm.rank == 0) & (t > 2.5)
+        return jnp.where(bad, jnp.nan, 0.0) * y + 1.0
+
+    with pytest.raises(ts.NonFiniteError) as err:
+        ts.run(f, jnp.ones(4), 1.0, 10, chunk_steps=5, method="rk4", comm=comm)
+    assert err.value.step == 3  # the first step (1-based) whose stages reach t > 2.5
