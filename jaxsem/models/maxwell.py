@@ -450,8 +450,12 @@ def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux
 
 def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
            bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
-           dtype: str = "float64", vtu: str | None = None, progress=None, progress_bar: bool = False) -> dict:
+           dtype: str = "float64", vtu: str | None = None, progress=None, progress_bar: bool = False,
+           comm=None) -> dict:
     """:func:`solve_mode` as a JSON-ready dict (the ``jaxsem solve maxwell`` result).
+
+    With a distributed ``comm`` each rank holds its elements (the numbers are
+    global); ``vtu`` then gets one file per rank, ``PATH.rank{r}.vtu``.
 
     ``dofs = E·p³`` per field component (6 components: ``components``);
     ``error_l2`` is the relative L2 error of (E, H) against the exact mode at
@@ -471,7 +475,7 @@ def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: st
     tic = time.perf_counter()
     try:
         dg, q, r = solve_mode(order, elements, t_final, flux=flux, bc=bc, deform=deform, cfl=cfl, method=method,
-                              dtype=jnp.dtype(dtype), progress=progress_bar)
+                              dtype=jnp.dtype(dtype), progress=progress_bar, comm=comm)
     except ts.NonFiniteError as e:
         note(f"maxwell: {e}")
         return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
@@ -480,6 +484,8 @@ def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: st
     if vtu:
         from ..io import write_vtu
 
+        if dg.comm.size > 1:
+            vtu = f"{vtu[:-4] if vtu.endswith('.vtu') else vtu}.rank{dg.comm.rank}.vtu"
         note(f"maxwell: writing {vtu}")
         write_vtu(vtu, dg, E=q[:3], H=q[3:])
     return dict(

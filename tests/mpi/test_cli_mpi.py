@@ -26,3 +26,19 @@ def test_cli_solve_distributed(comm, capsys):
         assert abs(r["error_l2"] - l2) < 1e-9 * l2
     else:
         assert out == ""
+
+
+def test_cli_maxwell_distributed(comm, capsys):
+    from jaxsem.models import maxwell
+
+    args = ["solve", "maxwell", "--order", "3", "--elements", "2", "2", "2", "--t-final", "0.05", "--json", "-q"]
+    code = main(args)
+    out = capsys.readouterr().out
+    ref = maxwell.verify(3, (2, 2, 2), 0.05, deform=0.1)  # serial (comm=None) on every rank
+    assert code == 0
+    if comm.rank == 0:
+        r = json.loads(out)
+        assert r["ranks"] == comm.size and r["steps"] == ref["steps"] and r["converged"] is True
+        assert abs(r["error_l2"] - ref["error_l2"]) < 1e-10 * ref["error_l2"]
+    else:
+        assert out == ""
