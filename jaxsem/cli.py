@@ -40,6 +40,13 @@ MAXWELL_ARGS = {
     "--method": dict(choices=("lserk4", "rk4", "ssprk3"), help="maxwell: time integrator (default lserk4)"),
     "--vtu": dict(metavar="PATH", help="maxwell: write E and H at t_final to this .vtu file"),
 }
+ADVECTION_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4", velocity=(1.0, 0.5, 0.25))
+ADVECTION_ARGS = {
+    "--velocity": dict(type=float, nargs=3, metavar="C",
+                       help="advection: constant velocity cx cy cz (default 1 0.5 0.25)"),
+}
+# MAXWELL_ARGS flags that 'solve advection' takes too (same meaning).
+ADVECTION_SHARED = ("--t-final", "--flux", "--cfl", "--method")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,8 +89,9 @@ def _build_parser() -> _Parser:
                         help=f"smooth box deformation amplitude, |deform| < {MAX_DEFORM} (default 0.1)")
 
     s = sub.add_parser("solve", help="solve a problem and compare with its exact solution")
-    s.add_argument("problem", nargs="?", default="poisson", choices=("poisson", "maxwell"),
-                   help="problem to solve: poisson (BP1..BP6) or maxwell (SEDG, exact cavity mode / plane wave)")
+    s.add_argument("problem", nargs="?", default="poisson", choices=("poisson", "maxwell", "advection"),
+                   help="problem to solve: poisson (BP1..BP6), maxwell (SEDG, exact cavity mode / plane wave) "
+                   "or advection (DG, periodic Gaussian)")
     mesh_args(s, DEFAULTS["order"], DEFAULTS["elements"])
     s.add_argument("--bp", type=int, default=DEFAULTS["bp"],
                    help="bake-off problem 1..6 (operator, quadrature, BCs, components; default 5)")
@@ -92,6 +100,8 @@ def _build_parser() -> _Parser:
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
+        s.add_argument(flag, default=None, **kw)
+    for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
         s.add_argument(flag, default=None, **kw)
     common(s)
 
@@ -131,9 +141,26 @@ def _validate(parser: _Parser, args) -> None:
     if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
         fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
     if args.command == "solve":
-        given = [f for f in MAXWELL_ARGS if getattr(args, f[2:].replace("-", "_")) is not None]
-        if args.problem != "maxwell" and given:
-            fail(f"argument {given[0]}: applies to 'solve maxwell' only")
+        given = [f for f in {**MAXWELL_ARGS, **ADVECTION_ARGS} if getattr(args, f[2:].replace("-", "_")) is not None]
+        takes = {f: ["maxwell"] * (f in MAXWELL_ARGS) + ["advection"] * (f in ADVECTION_SHARED or f in ADVECTION_ARGS)
+                 for f in given}
+        for f in given:
+            if args.problem not in takes[f]:
+                where = " and ".join("'solve " + p + "'" for p in takes[f])
+                fail(f"argument {f}: applies to {where} only")
+        if args.problem == "advection":
+            for key, value in ADVECTION_DEFAULTS.items():
+                if getattr(args, key) is None:
+                    setattr(args, key, value)
+            if not (math.isfinite(args.t_final) and args.t_final > 0):
+                fail(f"argument --t-final: must be a finite number > 0, got {args.t_final}")
+            if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
+                fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
+                     f"got {args.cfl}")
+            if not all(math.isfinite(c) for c in args.velocity) or not any(args.velocity):
+                fail(f"argument --velocity: must be 3 finite numbers, not all 0, "
+                     f"got {' '.join(map(str, args.velocity))}")
+            return
         if args.problem == "maxwell":
             for key, value in MAXWELL_DEFAULTS.items():
                 if getattr(args, key) is None:
@@ -335,6 +362,27 @@ def _report_maxwell(r: dict) -> str:
     ])
 
 
+def _report_advection(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    c = " ".join(f"{v:g}" for v in r["velocity"])
+    lines = [
+        f"jaxsem {r['jaxsem_version']}: advection DG, periodic Gaussian (width {r['width']:g}) in the unit box, "
+        f"velocity ({c}), {r['flux']} flux",
+        f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
+        f"  DOFs        {r['dofs']} (E x p^3)",
+    ]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  BLOW-UP     {r['message']}"])
+    return "\n".join(lines + [
+        f"  time        t_final {r['t_final']:g}: {r['steps']} {r['method']} steps, dt {r['dt']:.3e} "
+        f"(cfl {r['cfl']:g} of the stable limit {r['dt_limit']:.3e})",
+        f"  error       relative L2 {r['error_l2']:.3e} (vs the exact translated Gaussian), "
+        f"mass drift {r['mass_drift']:.1e}, energy ratio {r['energy_ratio']:.12f}",
+        f"  speed       {r['seconds']:.4f} s stepping, {r['compile_seconds']:.2f} s setup+compile",
+        f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), ranks {r['ranks']}, jax {r['jax_version']}",
+    ])
+
+
 def _report_bench(r: dict) -> str:
     el = "x".join(map(str, r["elements"]))
     lines = [
@@ -433,6 +481,19 @@ def main(argv=None) -> int:
                                     comm=comm)
             result.update(_env())
             text = _report_maxwell(result)
+            code = 0 if result["converged"] else 1
+        elif args.command == "solve" and args.problem == "advection":
+            from .models import advection
+
+            from .comm import get_comm
+
+            comm = get_comm()
+            result = advection.verify(args.order, args.elements, args.t_final, velocity=tuple(args.velocity),
+                                      flux=args.flux, deform=args.deform, cfl=args.cfl, method=args.method,
+                                      dtype=args.dtype, progress=log,
+                                      progress_bar=not quiet and comm.rank == 0, comm=comm)
+            result.update(_env())
+            text = _report_advection(result)
             code = 0 if result["converged"] else 1
         elif args.command == "solve":
             result = solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,

@@ -1,0 +1,378 @@
+"""Linear advection ∂u/∂t + c·∇u = 0 (constant c) in spectral-element DG.
+
+Strong form on curvilinear hexahedra, GLL collocation (diagonal mass), the
+structure of :mod:`jaxsem.models.maxwell` for one scalar field:
+
+    du/dt = −c·∇u + L[ (c·n) u⁻ − f* ],   f* = (c·n)(u⁻ + u⁺)/2 + α |c·n| (u⁻ − u⁺)/2
+
+``L`` the lift (face integral → nodal rate, :mod:`jaxsem.dg`); α = 1 the upwind
+flux, α = 0 the central flux.
+
+* **Metric terms.** The contravariant velocity ``A_a = c·(J∇r_a)`` uses
+  Kopriva's conservative curl form J∇r_a (Kopriva 2006), for which the discrete
+  metric identities Σ_a D_a(J∇r_a) = 0 hold to round-off on curved elements
+  (the cross-product metrics of :mod:`jaxsem.geometry` do so only on affine
+  ones). The volume term is the split form ½[Σ_a A_a ∂_a u + Σ_a ∂_a(A_a u)]/J
+  (``form="split"``, default), or the conservative (``"conservative"``) or
+  chain-rule (``"chain"``) half alone.
+* **Conservation and stability.** On each face point the outward flux weight
+  is the own ``A·(±e_a)`` (= sJ c·n) on the volume side and, in f*, the
+  antisymmetrised ``vn = (an⁻ − an⁺)/2`` (one exchange at setup), so f* is
+  single-valued: ∫u dx is conserved to round-off by every form (the chain
+  and split forms through the metric identities), and by the SBP property of
+  the GLL derivative the split form makes the upwind flux dissipate and the
+  central flux conserve ½∫u² (semi-discretely), curved elements included.
+* **Exchange.** One component per face point, ``exchange(faces(u)[None])``
+  returns own + neighbour (own alone on the boundary); pass ``exchange=`` for a
+  distributed one. Boundary faces (not periodic) see the inflow value u⁺ = 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import basis
+from .. import timestepping as ts
+from ..comm import allreduce_sum
+from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
+from ..mesh import box_mesh
+
+__all__ = [
+    "FLUXES",
+    "FORMS",
+    "Transport",
+    "transport",
+    "curl_metrics",
+    "rhs",
+    "make_rhs",
+    "mass",
+    "energy",
+    "spectral_radius",
+    "stable_dt",
+    "gaussian",
+    "relative_error",
+    "simulate",
+    "solve_gaussian",
+    "AdvectionResult",
+    "verify",
+]
+
+FLUXES = ("upwind", "central")
+FORMS = ("split", "conservative", "chain")
+DEFAULT_VELOCITY = (1.0, 0.5, 0.25)
+DEFAULT_WIDTH = 0.15
+DEFAULT_CENTER = (0.5, 0.5, 0.5)
+
+
+def _check_choice(value, name, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _d(D, u, a, xp=jnp):
+    """Reference derivative along axis a (0: r, 1: s, 2: t) of ``u: (..., E, n, n, n)`` [k, j, i]."""
+    if a == 0:
+        return xp.einsum("il,...kjl->...kji", D, u)
+    if a == 1:
+        return xp.einsum("jl,...kli->...kji", D, u)
+    return xp.einsum("kl,...lji->...kji", D, u)
+
+
+def curl_metrics(D, x) -> np.ndarray:
+    """Kopriva's curl-form metrics ``Ja[a, d] = J ∂r_a/∂x_d``, ``(3, 3, E, n, n, n)`` (NumPy, float64).
+
+    J a^a_d = −ê_a · ∇_ξ × (X_l ∇_ξ X_m), (d, m, l) cyclic. Since the reference
+    derivatives along different axes commute, Σ_a D_a Ja[a, d] = 0 to round-off.
+    """
+    D, x = np.asarray(D, np.float64), np.asarray(x, np.float64)
+    dd = functools.partial(_d, D, xp=np)
+    out = []
+    for d in range(3):
+        m, l = (d + 1) % 3, (d + 2) % 3
+        V = [x[l] * dd(x[m], b) for b in range(3)]  # X_l ∇_ξ X_m
+        curl = [dd(V[2], 1) - dd(V[1], 2), dd(V[0], 2) - dd(V[2], 0), dd(V[1], 0) - dd(V[0], 1)]
+        out.append(-np.stack(curl))  # (3 a, ...)
+    return np.stack(out, axis=1)  # (3 a, 3 d, ...)
+
+
+# ----------------------------------------------------------------------------- transport
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """The velocity and the flux weights it implies (pytree).
+
+    ``A: (3, E, n, n, n)`` contravariant velocity c·J∇r_a; ``an: (E, 6, n, n)``
+    own outward weight (sJ c·n from ``A``); ``vn`` its antisymmetrised value
+    (single-valued across each face); ``lw = 1 / (J w_end)`` on the faces.
+    """
+
+    velocity: jax.Array
+    A: jax.Array
+    an: jax.Array
+    vn: jax.Array
+    lw: jax.Array
+
+
+def transport(dg: DG, velocity=DEFAULT_VELOCITY, exchange: Exchange | None = None) -> Transport:
+    """Flux weights of the constant ``velocity`` on ``dg`` (one exchange for the ⁺ side)."""
+    c = np.asarray(velocity, dtype=float)
+    if c.shape != (3,) or not np.all(np.isfinite(c)):
+        raise ValueError(f"velocity must be 3 finite numbers, got {velocity!r}")
+    # The metrics from the float64 GLL points and nodes (dg.x may be float32).
+    D = basis.derivative_matrix(basis.gll_points(dg.order)[0])
+    A = np.einsum("d,ad...->a...", c, curl_metrics(D, dg.x))
+    return _transport(dg, jnp.asarray(c, dg.jac.dtype), jnp.asarray(A, dg.jac.dtype), exchange)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _transport(dg, c, A, exchange):
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    Af = faces(A)  # (3 a, E, 6, n, n)
+    sign = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], A.dtype)[:, None, None]
+    an = jnp.stack([Af[f // 2, :, f] for f in range(6)], axis=1) * sign
+    nbr = ex(an[None])[0] - an  # 0 on the boundary
+    vn = 0.5 * (an - nbr) + 0.5 * dg.boundary * an
+    w_end = 2.0 / (dg.order * (dg.order + 1))
+    return Transport(velocity=c, A=A, an=an, vn=vn, lw=1.0 / (faces(dg.jac) * w_end))
+
+
+# ----------------------------------------------------------------------------- operator
+
+
+def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | None = None,
+        form: str = "split"):
+    """du/dt of the semi-discrete advection equation, ``u: (E, n, n, n)`` → same shape."""
+    _check_choice(flux, "flux", FLUXES)
+    _check_choice(form, "form", FORMS)
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    vol = 0.0
+    if form in ("split", "conservative"):
+        vol = vol + sum(_d(dg.D, tr.A[a] * u, a) for a in range(3))
+    if form in ("split", "chain"):
+        vol = vol + sum(tr.A[a] * _d(dg.D, u, a) for a in range(3))
+    if form == "split":
+        vol = 0.5 * vol
+    uf = faces(u)  # (E, 6, n, n): one component through the exchange
+    up = ex(uf[None])[0] - uf  # neighbour (0 = inflow on the boundary)
+    fstar = 0.5 * tr.vn * (uf + up)
+    if flux == "upwind":
+        fstar = fstar + 0.5 * jnp.abs(tr.vn) * (uf - up)
+    return lift_faces(tr.lw * (tr.an * uf - fstar)) - vol / dg.jac
+
+
+@functools.lru_cache(maxsize=None)
+def make_rhs(flux: str = "upwind", exchange: Callable | None = None, form: str = "split"):
+    """``f(t, u, (dg, tr))`` for :func:`jaxsem.timestepping.run` (cached: one object per options).
+
+    ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
+    :func:`jaxsem.dg.face_exchange`).
+    """
+    _check_choice(flux, "flux", FLUXES)
+    _check_choice(form, "form", FORMS)
+
+    def f(t, u, args):
+        dg, tr = args
+        ex = None if exchange is None else (lambda v: exchange(dg, v))
+        return rhs(dg, tr, u, flux, ex, form)
+
+    return f
+
+
+@jax.jit
+def mass(dg: DG, u):
+    """∫ u dx with the GLL rule (all ranks)."""
+    return dg.integrate(u)
+
+
+@jax.jit
+def energy(dg: DG, u):
+    """½ ∫ u² dx with the GLL rule (all ranks)."""
+    return 0.5 * dg.integrate(u * u)
+
+
+def _inner(u, v, args):
+    dg, _ = args
+    return allreduce_sum(jnp.sum(dg.mass * u * v), dg.comm)
+
+
+@functools.lru_cache(maxsize=None)
+def _operator(flux, form):
+    f = make_rhs(flux, None, form)
+    return lambda v, args: f(0.0, v, args)
+
+
+def spectral_radius(dg: DG, tr: Transport, flux: str = "upwind", iterations: int = 60,
+                    form: str = "split") -> float:
+    """Power-iteration estimate of ρ of the semi-discrete operator in the L2 (mass) norm.
+
+    Distributed, each rank starts from its elements' part of the serial start
+    vector, so every rank gets the serial ρ (up to the order of the sums).
+    """
+    if dg.comm.size > 1:
+        shape = (dg.num_global_elements,) + (dg.n,) * 3
+        v = np.random.default_rng(0).standard_normal(shape)[np.asarray(dg.elements)]
+        go = ts._power_fn(_operator(flux, form), _inner, int(iterations))
+        return float(go(jnp.asarray(v, dg.jac.dtype), (dg, tr)))
+    like = jax.ShapeDtypeStruct(dg.jac.shape, dg.jac.dtype)
+    return ts.spectral_radius(_operator(flux, form), like, (dg, tr), inner=_inner, iterations=iterations)
+
+
+RHO_MARGIN = 1.05
+
+
+def stable_dt(dg: DG, tr: Transport, flux: str = "upwind", method: str = "lserk4", rho: float | None = None,
+              form: str = "split") -> float:
+    """The stable time-step limit ``stability_radius(method) / (1.05 ρ)``."""
+    rho = spectral_radius(dg, tr, flux, form=form) if rho is None else rho
+    return ts.cfl_dt(RHO_MARGIN * rho, method, 1.0)
+
+
+# ----------------------------------------------------------------------------- exact solution
+
+
+def gaussian(x, t, velocity=DEFAULT_VELOCITY, center=DEFAULT_CENTER, width=DEFAULT_WIDTH,
+             lengths=(1.0, 1.0, 1.0), images: int = 3):
+    """The periodic Gaussian exp(−|x − x₀ − ct|²/(2σ²)) summed over periodic images.
+
+    Per axis (the Gaussian is separable), the distance is first reduced to the
+    minimum image d ∈ [−L/2, L/2) on the torus, then the images d + mL,
+    |m| ≤ ``images``, are summed: exact (to round-off for σ ≤ L/5) for any t,
+    and smooth. ``x: (3, ...)``; returns ``(...)``.
+    """
+    c = tuple(float(v) for v in velocity)
+    x0 = tuple(float(v) for v in center)
+    L = tuple(float(v) for v in lengths)
+    out = 1.0
+    for d in range(3):
+        s = x[d] - x0[d] - c[d] * t
+        s = s - L[d] * jnp.floor(s / L[d] + 0.5)  # minimum image
+        out = out * sum(jnp.exp(-((s + m * L[d]) ** 2) / (2 * width**2)) for m in range(-images, images + 1))
+    return out
+
+
+def relative_error(dg: DG, u, u_exact) -> float:
+    """Relative L2 error ‖u − u_ex‖ / ‖u_ex‖ (GLL rule, all ranks)."""
+    return float(_relative_error(dg.mass, u, u_exact, dg.comm))
+
+
+@jax.jit
+def _relative_error(m, u, u_exact, comm):
+    num, den = allreduce_sum(jnp.stack([jnp.sum(m * (u - u_exact) ** 2), jnp.sum(m * u_exact**2)]), comm)
+    return jnp.sqrt(num / den)
+
+
+# ----------------------------------------------------------------------------- drivers
+
+
+def simulate(dg: DG, tr: Transport, u0, t_final: float, *, flux: str = "upwind", method: str = "lserk4",
+             cfl: float = 0.5, dt: float | None = None, rho: float | None = None, chunk_steps: int = 100,
+             progress: bool = False, form: str = "split", exchange: Callable | None = None):
+    """Advance ``u0`` to ``t_final`` with the guarded driver; return ``(u, info, dt)``.
+
+    Δt = ``cfl`` × the stable limit (rounded down so ``t_final`` is hit exactly)
+    unless ``dt`` is given; a ``dt`` above the limit is refused.
+    """
+    if not (math.isfinite(t_final) and t_final >= 0):
+        raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
+    limit = stable_dt(dg, tr, flux, method, rho, form)
+    if dt is None:
+        if not (math.isfinite(cfl) and 0 < cfl <= 1):
+            raise ValueError(f"cfl must satisfy 0 < cfl <= 1, got {cfl!r}")
+        steps = max(1, math.ceil(t_final / (cfl * limit) - 1e-9)) if t_final > 0 else 0
+        dt = t_final / steps if steps else cfl * limit
+    else:
+        steps = max(0, round(t_final / dt))
+        if not math.isclose(steps * dt, t_final, rel_tol=1e-12, abs_tol=1e-14):
+            raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
+    u, info = ts.run(make_rhs(flux, exchange, form), u0, dt, steps, args=(dg, tr), method=method, dt_max=limit,
+                     chunk_steps=chunk_steps, progress=progress, desc="advection", comm=dg.comm)
+    return u, info, dt
+
+
+class AdvectionResult(NamedTuple):
+    """Outcome of :func:`solve_gaussian`."""
+
+    error_l2: float
+    steps: int
+    dt: float
+    dt_limit: float
+    seconds: float
+    mass0: float
+    mass: float
+    energy0: float
+    energy: float
+    num_elements: int
+    order: int
+
+
+def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY,
+                   width: float = DEFAULT_WIDTH, center=DEFAULT_CENTER, flux: str = "upwind",
+                   deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4", lengths=(1.0, 1.0, 1.0),
+                   dtype=jnp.float64, progress: bool = False, chunk_steps: int = 100, form: str = "split",
+                   comm=None, partition=None):
+    """The periodic Gaussian carried across the periodic box; returns ``(dg, u, AdvectionResult)``.
+
+    ``seconds`` counts the time stepping only (compiled beforehand); the error
+    is relative L2 against :func:`gaussian` at ``t_final``.
+    """
+    mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(True,) * 3, deform=deform)
+    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition)
+    tr = transport(dg, velocity)
+    exact = functools.partial(gaussian, velocity=velocity, center=center, width=width, lengths=lengths)
+    u0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
+    rho = spectral_radius(dg, tr, flux, form=form)
+    limit = stable_dt(dg, tr, flux, method, rho, form)
+    ts.run(make_rhs(flux, None, form), u0, limit / 2, 1, args=(dg, tr), method=method)  # compile
+    u, info, dt = simulate(dg, tr, u0, t_final, flux=flux, method=method, cfl=cfl, rho=rho,
+                           chunk_steps=chunk_steps, progress=progress, form=form)
+    err = relative_error(dg, u, exact(dg.x, t_final).astype(dg.jac.dtype))
+    return dg, u, AdvectionResult(err, info.steps, dt, limit, info.seconds, float(mass(dg, u0)),
+                                  float(mass(dg, u)), float(energy(dg, u0)), float(energy(dg, u)),
+                                  dg.num_elements, order)
+
+
+def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY,
+           flux: str = "upwind", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
+           dtype: str = "float64", progress=None, progress_bar: bool = False, comm=None) -> dict:
+    """:func:`solve_gaussian` as a JSON-ready dict (the ``jaxsem solve advection`` result).
+
+    ``dofs = E·p³``; ``error_l2`` relative L2 vs the exact translated Gaussian
+    at ``t_final``; ``mass_drift`` = |∫u(T) − ∫u(0)| / ∫u(0); ``converged``
+    is True when the run stayed finite.
+    """
+    note = progress or (lambda m: None)
+    E = int(np.prod(elements))
+    base = dict(problem="advection", order=order, elements=list(elements), num_elements=E, components=1,
+                dofs=E * order**3, points=E * (order + 1) ** 3, velocity=[float(v) for v in velocity],
+                width=DEFAULT_WIDTH, flux=flux, method=method, deform=float(deform), cfl=float(cfl),
+                t_final=float(t_final), dtype=dtype)
+    note(f"advection: order {order}, elements {tuple(elements)}, deform {deform}, periodic Gaussian, "
+         f"velocity {tuple(velocity)}, {flux} flux, {method}, t_final {t_final}")
+    tic = time.perf_counter()
+    try:
+        dg, u, r = solve_gaussian(order, elements, t_final, velocity=velocity, flux=flux, deform=deform,
+                                  cfl=cfl, method=method, dtype=jnp.dtype(dtype), progress=progress_bar,
+                                  comm=comm)
+    except ts.NonFiniteError as e:
+        note(f"advection: {e}")
+        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
+                    message=str(e))
+    total = time.perf_counter() - tic
+    return dict(
+        base, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
+        dt_limit=r.dt_limit, mass_drift=abs(r.mass - r.mass0) / abs(r.mass0), energy_ratio=r.energy / r.energy0,
+        seconds=r.seconds, compile_seconds=total - r.seconds,
+    )
