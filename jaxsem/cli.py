@@ -148,8 +148,9 @@ def _validate(parser: _Parser, args) -> None:
             if args.problem not in takes[f]:
                 where = " and ".join("'solve " + p + "'" for p in takes[f])
                 fail(f"argument {f}: applies to {where} only")
-        if args.problem == "advection":
-            for key, value in ADVECTION_DEFAULTS.items():
+        if args.problem in ("advection", "maxwell"):
+            defaults = ADVECTION_DEFAULTS if args.problem == "advection" else MAXWELL_DEFAULTS
+            for key, value in defaults.items():
                 if getattr(args, key) is None:
                     setattr(args, key, value)
             if not (math.isfinite(args.t_final) and args.t_final > 0):
@@ -157,19 +158,12 @@ def _validate(parser: _Parser, args) -> None:
             if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
                      f"got {args.cfl}")
+        if args.problem == "advection":
             if not all(math.isfinite(c) for c in args.velocity) or not any(args.velocity):
                 fail(f"argument --velocity: must be 3 finite numbers, not all 0, "
                      f"got {' '.join(map(str, args.velocity))}")
             return
         if args.problem == "maxwell":
-            for key, value in MAXWELL_DEFAULTS.items():
-                if getattr(args, key) is None:
-                    setattr(args, key, value)
-            if not (math.isfinite(args.t_final) and args.t_final > 0):
-                fail(f"argument --t-final: must be a finite number > 0, got {args.t_final}")
-            if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
-                fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
-                     f"got {args.cfl}")
             if args.vtu and not os.path.isdir(os.path.dirname(os.path.abspath(args.vtu))):
                 fail(f"argument --vtu: directory of {args.vtu!r} does not exist")
             return
