@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 import time
@@ -401,6 +402,22 @@ class RunInfo(NamedTuple):
     seconds: float
     chunks: int
     resumed_from: int | None
+
+
+def plan_steps(t_final: float, limit: float, method: str, cfl: float = 0.5, dt: float | None = None):
+    """``(dt, steps)`` reaching ``t_final`` exactly: a given ``dt`` must divide it;
+    otherwise the largest dt ≤ ``cfl``·``limit`` that does (0 < cfl ≤ 1)."""
+    if dt is None:
+        if not (math.isfinite(cfl) and cfl > 0):
+            raise ValueError(f"cfl must be a positive number, got {cfl!r}")
+        if cfl > 1:
+            raise ValueError(f"cfl = {cfl} exceeds 1: dt would exceed the stable limit {limit:.6g} for {method}")
+        steps = max(1, math.ceil(t_final / (cfl * limit) - 1e-9)) if t_final > 0 else 0
+        return (t_final / steps if steps else cfl * limit), steps
+    steps = max(0, round(t_final / dt))
+    if not math.isclose(steps * dt, t_final, rel_tol=1e-12, abs_tol=1e-14):
+        raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
+    return dt, steps
 
 
 @jax.jit

@@ -382,17 +382,7 @@ def simulate(dg: DG, mat: Material, q0, t_final: float, *, flux: str = "upwind",
     if not (math.isfinite(t_final) and t_final >= 0):
         raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
     limit = stable_dt(dg, mat, flux, bc, method, rho, form)
-    if dt is None:
-        if not (math.isfinite(cfl) and cfl > 0):
-            raise ValueError(f"cfl must be a positive number, got {cfl!r}")
-        if cfl > 1:
-            raise ValueError(f"cfl = {cfl} exceeds 1: dt would exceed the stable limit {limit:.6g} for {method}")
-        steps = max(1, math.ceil(t_final / (cfl * limit) - 1e-9)) if t_final > 0 else 0
-        dt = t_final / steps if steps else cfl * limit
-    else:
-        steps = max(0, round(t_final / dt))
-        if not math.isclose(steps * dt, t_final, rel_tol=1e-12, abs_tol=1e-14):
-            raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
+    dt, steps = ts.plan_steps(t_final, limit, method, cfl, dt)
     q, info = ts.run(make_rhs(flux, bc, exchange, form), q0, dt, steps, args=(dg, mat), method=method, dt_max=limit,
                      chunk_steps=chunk_steps, progress=progress, desc="maxwell",
                      checkpoint_path=checkpoint_path, resume=resume, comm=dg.comm)
