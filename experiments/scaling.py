@@ -9,7 +9,7 @@ Backends: ``mpi`` (run under ``mpirun -n P``; mpi4jax sendrecv/allreduce) and
 ``shard`` (one process, ``--devices P``; shard_map + ppermute/psum, NCCL on GPUs).
 
     mpirun -n 2 python experiments/scaling.py --backend mpi --sizes 16x16x16,32x32x16 --out r.json
-    python experiments/scaling.py --backend shard --devices 2 --sizes 16x16x16 --out s.json
+    python experiments/scaling.py --backend shard --devices 1,2 --sizes 16x16x16 --out s.json
     python experiments/scaling.py --plot r1.json r2.json ...   # efficiency plots, PNG beside the first
 Default (CPU, seconds): --order 3 --sizes 4x4x4.
 Efficiencies (computed by --plot from runs with P = 1 and P = 2): strong
@@ -64,19 +64,19 @@ def run_mpi(a):
 
         @jax.jit
         def solve(sem, b, dinv):
-            return pcg(poisson.operator(sem), b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
+            return pcg(poisson.operator(sem, impl=a.impl), b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
 
         reps = 20
         loc = poisson.local_operator(sem)
         gs_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u))
-        ax_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s)(v) * 1e-3, u))
+        ax_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s, impl=a.impl)(v) * 1e-3, u))
         t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
         t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
         t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
         _, info = solve(sem, b, dinv)
         E = int(np.prod(elements))
         dofs = E * a.order**3
-        row = dict(backend="mpi", ranks=comm.size, elements=list(elements), num_elements=E, order=a.order,
+        row = dict(backend="mpi", impl=a.impl, ranks=comm.size, elements=list(elements), num_elements=E, order=a.order,
                    dofs=dofs, dofs_per_rank=dofs / comm.size, iterations=int(info.iterations),
                    seconds=t_solve, seconds_per_iteration=t_solve / int(info.iterations),
                    gs_seconds=t_gs, ax_seconds=t_ax, gs_share=t_gs / (t_solve / int(info.iterations)),
@@ -97,41 +97,52 @@ def run_shard(a):
     from jaxsem.models import poisson
     from jaxsem.solvers import pcg
 
+    from jaxsem.numbering import number_nodes
+
     rows = []
-    P = a.devices
     its, reps = a.iterations, 20
     f = poisson.manufactured(5).f
     for elements in parse_sizes(a.sizes):
-        t0 = time.perf_counter()
         mesh = box_mesh(elements, a.order, deform=0.1)
-        sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P)
-        b, dinv = shard.shard_call(lambda s: (poisson.load(s, f), poisson.jacobi(s)), sem, mesh=dmesh)
-        jax.block_until_ready((sem, b, dinv))
-        setup = time.perf_counter() - t0
-        solve = jax.jit(shard.shard_fn(
-            lambda s, b, d: pcg(poisson.operator(s), b, dot=s.dot, dots=s.dots, precond=lambda r: d * r,
-                                tol=0.0, maxiter=its), dmesh))
-        gs_loop = jax.jit(shard.shard_fn(
-            lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u), dmesh))
-        ax_loop = jax.jit(shard.shard_fn(
-            lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s)(v) * 1e-3, u), dmesh))
-        t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
-        t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
-        t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
-        _, info = solve(sem, b, dinv)
-        n_it = int(np.asarray(info.iterations).ravel()[0])
-        E = int(np.prod(elements))
-        dofs = E * a.order**3
-        row = dict(backend="shard", ranks=P, elements=list(elements), num_elements=E, order=a.order,
-                   dofs=dofs, dofs_per_rank=dofs / P, iterations=n_it, seconds=t_solve,
-                   seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs, ax_seconds=t_ax,
-                   gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve, setup_seconds=setup)
-        rows.append(row)
-        print(f"shard P={P} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
-              f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
-              f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
-        del sem, b, dinv
+        numbering = number_nodes(mesh)  # shared by every device count
+        for P in (int(v) for v in str(a.devices).split(",")):
+            rows.append(_run_shard_one(a, mesh, numbering, elements, P, its, reps, f))
     return 0, rows
+
+
+def _run_shard_one(a, mesh, numbering, elements, P, its, reps, f):
+    from jaxsem import shard
+    from jaxsem.models import poisson
+    from jaxsem.solvers import pcg
+
+    t0 = time.perf_counter()
+    sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P, numbering=numbering)
+    b, dinv = shard.shard_call(lambda s: (poisson.load(s, f), poisson.jacobi(s)), sem, mesh=dmesh)
+    jax.block_until_ready((sem, b, dinv))
+    setup = time.perf_counter() - t0
+    solve = jax.jit(shard.shard_fn(
+        lambda s, b, d: pcg(poisson.operator(s, impl=a.impl), b, dot=s.dot, dots=s.dots, precond=lambda r: d * r,
+                            tol=0.0, maxiter=its), dmesh))
+    gs_loop = jax.jit(shard.shard_fn(
+        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u), dmesh))
+    ax_loop = jax.jit(shard.shard_fn(
+        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s, impl=a.impl)(v) * 1e-3, u), dmesh))
+    t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
+    t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
+    t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
+    _, info = solve(sem, b, dinv)
+    n_it = int(np.asarray(info.iterations).ravel()[0])
+    E = int(np.prod(elements))
+    dofs = E * a.order**3
+    row = dict(backend="shard", impl=a.impl, ranks=P, elements=list(elements), num_elements=E, order=a.order,
+               dofs=dofs, dofs_per_rank=dofs / P, iterations=n_it, seconds=t_solve,
+               seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs, ax_seconds=t_ax,
+               gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve, setup_seconds=setup)
+    print(f"shard P={P} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
+          f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
+          f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
+    del sem, b, dinv
+    return row
 
 
 def fit_n08(rows):
@@ -188,20 +199,35 @@ def plot(paths):
     ax[1].set_ylabel("η = t₁ / (P·t_P)")
     ax[1].grid(True, which="both", alpha=0.3)
     ax[1].legend()
+    # weak-scaling efficiency: equal DOFs per rank (within 3%) as a P = 1 run of the same backend
+    weak = []
+    for r in rows:
+        if r["ranks"] == 1:
+            continue
+        base = [b for b in rows if b["ranks"] == 1 and b["backend"] == r["backend"]
+                and abs(b["dofs"] - r["dofs_per_rank"]) <= 0.03 * b["dofs"]]
+        if base:
+            b = base[0]
+            weak.append(dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"],
+                             dofs_per_rank=r["dofs_per_rank"], base_elements=b["elements"],
+                             weak_efficiency=b["seconds_per_iteration"] / r["seconds_per_iteration"]))
     fig.tight_layout()
     out = os.path.splitext(paths[0])[0] + ".png"
     fig.savefig(out, dpi=110)
     print(out)
-    return dict(fits=summary, strong=eff)
+    return dict(fits=summary, strong=eff, weak=weak)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=["mpi", "shard"], default="mpi")
-    ap.add_argument("--devices", type=int, default=2, help="shard backend: number of devices")
+    ap.add_argument("--devices", default="2", help="shard backend: device counts, e.g. 1,2,4 (one mesh "
+                    "numbering per size, reused)")
     ap.add_argument("--order", type=int, default=3)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
     ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--impl", default="einsum", choices=["einsum", "fused", "auto"],
+                    help="BK5 local operator: einsum chain or the fused Pallas kernel (GPU)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)

@@ -38,15 +38,20 @@ MAXWELL_ARGS = {
     "--bc": dict(choices=("pec", "periodic"), help="maxwell: pec cavity mode or periodic plane wave (default pec)"),
     "--cfl": dict(type=float, help="maxwell: time step as a fraction of the stable limit, 0 < cfl <= 1 (default 0.5)"),
     "--method": dict(choices=("lserk4", "rk4", "ssprk3"), help="maxwell: time integrator (default lserk4)"),
-    "--vtu": dict(metavar="PATH", help="maxwell: write E and H at t_final to this .vtu file"),
+    "--vtu": dict(metavar="PATH", help="maxwell/advection: write the fields (E, H / u) at t_final to this .vtu file "
+                  "(under mpirun: one file per rank, PATH.rank<r>.vtu)"),
 }
-ADVECTION_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4", velocity=(1.0, 0.5, 0.25))
+ADVECTION_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4", velocity=(1.0, 0.5, 0.25),
+                          vtu=None, schedule="bulk")
 ADVECTION_ARGS = {
     "--velocity": dict(type=float, nargs=3, metavar="C",
                        help="advection: constant velocity cx cy cz (default 1 0.5 0.25)"),
+    "--schedule": dict(choices=("bulk", "overlap"),
+                       help="advection under mpirun: exchange then compute (bulk, default), or compute the "
+                            "local part while the face data travel (overlap)"),
 }
 # MAXWELL_ARGS flags that 'solve advection' takes too (same meaning).
-ADVECTION_SHARED = ("--t-final", "--flux", "--cfl", "--method")
+ADVECTION_SHARED = ("--t-final", "--flux", "--cfl", "--method", "--vtu")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,14 +163,15 @@ def _validate(parser: _Parser, args) -> None:
             if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
                      f"got {args.cfl}")
+        if args.problem in ("advection", "maxwell"):
+            if args.vtu and not os.path.isdir(os.path.dirname(os.path.abspath(args.vtu))):
+                fail(f"argument --vtu: directory of {args.vtu!r} does not exist")
         if args.problem == "advection":
             if not all(math.isfinite(c) for c in args.velocity) or not any(args.velocity):
                 fail(f"argument --velocity: must be 3 finite numbers, not all 0, "
                      f"got {' '.join(map(str, args.velocity))}")
             return
         if args.problem == "maxwell":
-            if args.vtu and not os.path.isdir(os.path.dirname(os.path.abspath(args.vtu))):
-                fail(f"argument --vtu: directory of {args.vtu!r} does not exist")
             return
         if not 1 <= args.bp <= 6:
             fail(f"argument --bp: must be one of 1..6, got {args.bp}")
@@ -484,7 +490,7 @@ def main(argv=None) -> int:
             comm = get_comm()
             result = advection.verify(args.order, args.elements, args.t_final, velocity=tuple(args.velocity),
                                       flux=args.flux, deform=args.deform, cfl=args.cfl, method=args.method,
-                                      dtype=args.dtype, progress=log,
+                                      dtype=args.dtype, vtu=args.vtu, schedule=args.schedule, progress=log,
                                       progress_bar=not quiet and comm.rank == 0, comm=comm)
             result.update(_env())
             text = _report_advection(result)

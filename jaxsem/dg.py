@@ -42,7 +42,7 @@ import numpy as np
 
 from . import basis
 from .comm import Comm, allreduce_sum
-from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
+from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed, received_positions
 from .geometry import geometric_factors, quadrature
 from .mesh import Mesh
 from .numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
@@ -218,6 +218,12 @@ class DG:
       order: polynomial order N (static).
       elements: ``(E,)`` global indices of this rank's elements (all of them on
         one rank); ``None`` for a hand-built DG.
+      halo: ``(H,)`` int32 local indices of the elements with a face point
+        shared with another rank (distributed only, else ``None``).
+      halo_map: ``(H, 6, n, n)`` int32: for each face point of a halo element,
+        its position in :func:`jaxsem.gather_scatter.exchange_received` (the
+        zero slot K where the point is not shared), so the remote neighbour
+        values arrive as ``received[halo_map]``.
       num_global_elements: elements of the whole mesh (static; 0: same as E).
       comm: the communicator (static, default serial ``Comm()``).
 
@@ -239,6 +245,8 @@ class DG:
     fgs: GatherScatter
     order: int = dataclasses.field(metadata=dict(static=True))
     elements: jax.Array | None = None
+    halo: jax.Array | None = None
+    halo_map: jax.Array | None = None
     num_global_elements: int = dataclasses.field(default=0, metadata=dict(static=True))
     comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
 
@@ -296,8 +304,10 @@ def discretize_dg(
         if part.shape != (Eg,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({Eg},) ranks in [0, {comm.size})")
         fgs, elements = make_gs_distributed(conn.fid, part, comm, layout=gs_layout, dtype=dtype)
+        halo, halo_map = halo_plan(fgs, N)
     else:
         fgs, elements = make_gs(conn.fid, conn.num_ids, layout=gs_layout, dtype=dtype), np.arange(Eg)
+        halo = halo_map = None
     x = np.asarray(mesh.x)[:, elements]
     geom = geometric_factors(jnp.asarray(x, jnp.float64), quadrature(N, "gll"))
     normal, sJ, lift = _face_geometry(geom.rx, geom.jac, N)
@@ -308,7 +318,24 @@ def discretize_dg(
         mass=cast(geom.B), normal=cast(normal), sJ=cast(sJ), lift=cast(lift),
         boundary=cast(conn.boundary[elements][:, :, None, None]), fgs=fgs, order=N,
         elements=jnp.asarray(elements, jnp.int32), num_global_elements=Eg, comm=comm,
+        halo=None if halo is None else jnp.asarray(halo, jnp.int32),
+        halo_map=None if halo_map is None else jnp.asarray(halo_map, jnp.int32),
     )
+
+
+def halo_plan(fgs: GatherScatter, N: int):
+    """``(halo, halo_map)`` of a distributed face plan (see :class:`DG`), NumPy int64.
+
+    A halo element has at least one face point whose other copy lives on
+    another rank; ``halo_map`` gives each of its face points' position in the
+    received messages, or the zero slot.
+    """
+    n = N + 1
+    pos = received_positions(fgs.exchange, fgs.num_global)
+    node_pos = pos[np.asarray(fgs.gid, np.int64)].reshape(-1, 6, n, n)
+    K = sum(int(np.shape(i)[0]) for i in fgs.exchange.idx)
+    halo = np.nonzero((node_pos < K).any(axis=(1, 2, 3)))[0]
+    return halo, node_pos[halo]
 
 
 @functools.partial(jax.jit, static_argnums=2)

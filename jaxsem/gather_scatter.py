@@ -34,7 +34,8 @@ import numpy as np
 from . import comm as _comm
 from .partition import rank_pairs
 
-__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "LAYOUTS"]
+__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "exchange_received",
+           "received_positions", "LAYOUTS"]
 
 LAYOUTS = ("segment", "sorted", "padded")
 
@@ -64,21 +65,59 @@ class Exchange:
         return tuple(p for p in self.partners if p >= 0)
 
 
+def _round_messages(ex: Exchange, s):
+    """What arrives in each round, aligned with ``ex.idx`` (None where this rank sits out).
+
+    All send buffers are packed from ``s: (..., num_nodes)`` before the first
+    message, so every round depends on ``s`` alone.
+    """
+    bufs = [s[..., i] for i in ex.idx]
+    if isinstance(ex.comm, _comm.ShardComm):
+        return [jax.lax.ppermute(buf, ex.comm.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
+                for rnd, buf in zip(ex.rounds, bufs)]
+    return [_comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm) if p >= 0 else None
+            for p, buf in zip(ex.partners, bufs)]
+
+
 def exchange_add(ex: Exchange, s):
     """Add the neighbours' partial sums of shared nodes to ``s: (..., num_nodes)``."""
-    if isinstance(ex.comm, _comm.ShardComm):
-        bufs = [(rnd, i, s[..., i]) for rnd, i in zip(ex.rounds, ex.idx)]
-        out = s
-        for rnd, i, buf in bufs:
-            perm = [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd]
-            out = out.at[..., i].add(jax.lax.ppermute(buf, ex.comm.axis_name, perm))
-        return out
-    bufs = [(p, i, s[..., i]) for p, i in zip(ex.partners, ex.idx) if p >= 0]
     out = s
-    for p, i, buf in bufs:
-        recv = _comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm)
-        out = out.at[..., i].add(recv)
+    for i, recv in zip(ex.idx, _round_messages(ex, s)):
+        if recv is not None:
+            out = out.at[..., i].add(recv)
     return out
+
+
+def exchange_received(ex: Exchange, s):
+    """What the neighbours sent, without adding it: ``(..., K + 1)``.
+
+    The received partial sums of every round, concatenated in round order
+    (see :func:`received_positions`), then one zero slot at position ``K``.
+    For schedules that compute the purely local work while the messages travel
+    and add the remote part afterwards (:mod:`jaxsem.models.advection`,
+    ``schedule="overlap"``).
+    """
+    empty = jnp.zeros(s.shape[:-1] + (0,), s.dtype)
+    parts = [empty if r is None else r for r in _round_messages(ex, s)]
+    return jnp.concatenate(parts + [jnp.zeros(s.shape[:-1] + (1,), s.dtype)], axis=-1)
+
+
+def received_positions(ex: Exchange, num_nodes: int) -> np.ndarray:
+    """``(num_nodes,)`` position of each node's message in :func:`exchange_received` (K: none).
+
+    Raises ``ValueError`` if a node is shared with several ranks (then one
+    position cannot hold its remote sum; true of DG face points, which have at
+    most two copies, not of SEM corner nodes).
+    """
+    lens = [int(np.shape(i)[0]) for i in ex.idx]
+    offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    pos = np.full(num_nodes, offs[-1], np.int64)
+    for r, i in enumerate(ex.idx):
+        i = np.asarray(i, np.int64)
+        if np.any(pos[i] != offs[-1]):
+            raise ValueError("a node is shared with more than one rank: received_positions needs ≤ 2 copies")
+        pos[i] = offs[r] + np.arange(i.size)
+    return pos
 
 
 @jax.tree_util.register_dataclass
@@ -159,12 +198,10 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, lay
     P = comm.size
     num = int(gid.max()) + 1
     counts = np.bincount(gid.reshape(-1), minlength=num)
-    # Which ranks hold each node: unique (node, rank) pairs.
-    pairs = np.unique(gid.reshape(gid.shape[0], -1) * P + part[:, None])
-    node, rank = pairs // P, pairs % P
+    # Which ranks hold each node (one boolean scatter per rank: linear, no sort).
     has = [np.zeros(num, bool) for _ in range(P)]
     for r in range(P):
-        has[r][node[rank == r]] = True
+        has[r][gid[part == r].reshape(-1)] = True
     edges = [(a, b) for a in range(P) for b in range(a + 1, P) if np.any(has[a] & has[b])]
     rounds = rank_pairs(edges)
 
@@ -172,7 +209,8 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, lay
     if elements.size == 0:
         raise ValueError(f"rank {comm.rank} has no elements in the partition")
     local_gid = gid[elements]
-    uniq, lid = np.unique(local_gid.reshape(-1), return_inverse=True)  # uniq ascending in global id
+    uniq = np.nonzero(has[comm.rank])[0]  # this rank's nodes, ascending in global id
+    lid = (np.cumsum(has[comm.rank]) - 1)[local_gid.reshape(-1)]  # their local ids (no sort)
     idx, partners = [], []
     for rnd in rounds:
         partner = next((b if a == comm.rank else a for a, b in rnd if comm.rank in (a, b)), -1)

@@ -71,7 +71,7 @@ from .numbering import number_nodes
 from .partition import partition_mesh
 
 __all__ = [
-    "discretize_sharded", "bp_discretize_sharded", "shard_fn", "shard_call",
+    "discretize_sharded", "bp_discretize_sharded", "discretize_dg_sharded", "per_rank", "shard_fn", "shard_call",
     "distribute_elements", "gather_elements", "bp_solver", "run_pcg_sharded", "shard_map",
 ]
 
@@ -107,22 +107,17 @@ def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
     return np.concatenate([a, extra], axis=axis)
 
 
-def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm) -> SEM:
-    """Rank-local SEM (NumPy leaves) padded to ``E_max`` elements and ``N_max + 1`` nodes."""
-    n3 = sem.n**3
-    E = sem.num_elements
-    L, L_max, trash = E * n3, E_max * n3, N_max
+def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm):
+    """A rank's gather–scatter plan padded to ``E_max`` elements and ``N_max + 1`` nodes (NumPy leaves).
+
+    Works for any per-element block (``n³`` volume nodes, ``6n²`` face points):
+    the block size is read from ``gs.mult``.
+    """
     h = lambda a: np.asarray(a)
-    g = sem.geom
-    geom = dataclasses.replace(
-        g,
-        G=_pad_axis(h(g.G), 1, E_max, 0),
-        B=_pad_axis(h(g.B), 0, E_max, 0),
-        jac=_pad_axis(h(g.jac), 0, E_max, "copy0"),
-        rx=_pad_axis(h(g.rx), 2, E_max, "copy0"),
-        xq=_pad_axis(h(g.xq), 1, E_max, "copy0"),
-    )
-    gs = sem.gs
+    mult = h(gs.mult)
+    E = mult.shape[0]
+    block = int(np.prod(mult.shape[1:]))
+    L, L_max, trash = E * block, E_max * block, N_max
     gid = h(gs.gid)
     it = gid.dtype
     copies = h(gs.copies)
@@ -136,27 +131,51 @@ def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[
         idx = tuple(np.concatenate([h(i).astype(np.int32), np.full(k - h(i).size, trash, np.int32)])
                     for i, k in zip(ex.idx, round_len))
         exchange = Exchange(idx=idx, partners=(-1,) * len(idx), comm=comm, rounds=ex.rounds)
-    plan = GatherScatter(
+    return GatherScatter(
         gid=np.concatenate([gid, np.full(L_max - L, trash, it)]),
         perm=np.concatenate([h(gs.perm), np.arange(L, L_max, dtype=it)]),
         gid_sorted=np.concatenate([h(gs.gid_sorted), np.full(L_max - L, trash, it)]),
         copies=copies_p,
-        mult=_pad_axis(h(gs.mult), 0, E_max, 0),
+        mult=_pad_axis(mult, 0, E_max, 0),
         num_global=N_max + 1,
         layout=gs.layout,
         exchange=exchange,
+    )
+
+
+def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm) -> SEM:
+    """Rank-local SEM (NumPy leaves) padded to ``E_max`` elements and ``N_max + 1`` nodes."""
+    h = lambda a: np.asarray(a)
+    g = sem.geom
+    geom = dataclasses.replace(
+        g,
+        G=_pad_axis(h(g.G), 1, E_max, 0),
+        B=_pad_axis(h(g.B), 0, E_max, 0),
+        jac=_pad_axis(h(g.jac), 0, E_max, "copy0"),
+        rx=_pad_axis(h(g.rx), 2, E_max, "copy0"),
+        xq=_pad_axis(h(g.xq), 1, E_max, "copy0"),
     )
     return dataclasses.replace(
         sem,
         x=_pad_axis(h(sem.x), 1, E_max, "copy0"),
         D=h(sem.D), J=h(sem.J), Dt=h(sem.Dt),
         geom=geom,
-        gs=plan,
+        gs=_pad_gs(sem.gs, E_max, N_max, width, round_len, comm),
         mask=_pad_axis(h(sem.mask), 0, E_max, 0),
         bmass=_pad_axis(h(sem.bmass), 0, E_max, 0),
         elements=_pad_axis(h(sem.elements).astype(np.int64), 0, E_max, -1),
         comm=comm,
     )
+
+
+def _plan_sizes(plans):
+    """Common padded sizes of P rank plans: ``(N_max, width, round_len)``."""
+    N_max = max(p.num_global for p in plans)
+    width = max(int(p.copies.shape[1]) for p in plans)
+    ex0 = plans[0].exchange
+    nrounds = 0 if ex0 is None else len(ex0.idx)
+    round_len = [max(int(p.exchange.idx[k].shape[0]) for p in plans) for k in range(nrounds)]
+    return N_max, width, round_len
 
 
 def _device_mesh(devices, axis_name: str) -> jax.sharding.Mesh:
@@ -212,16 +231,96 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
         discretize_kwargs["numbering"] = number_nodes(mesh)
     sems = [discretize(mesh, comm=Comm(rank=r, size=P), partition=part, **discretize_kwargs) for r in range(P)]
     E_max = max(s.num_elements for s in sems)
-    N_max = max(s.gs.num_global for s in sems)
-    width = max(int(s.gs.copies.shape[1]) for s in sems)
-    ex0 = sems[0].gs.exchange
-    nrounds = 0 if ex0 is None else len(ex0.idx)
-    round_len = [max(int(s.gs.exchange.idx[k].shape[0]) for s in sems) for k in range(nrounds)]
+    N_max, width, round_len = _plan_sizes([s.gs for s in sems])
     comm = ShardComm(axis_name=axis_name, size=P)
     padded = [_pad_rank(s, E_max, N_max, width, round_len, comm) for s in sems]
     sharding = NamedSharding(dmesh, PS(axis_name))
     stacked = jax.tree.map(lambda *a: jax.device_put(np.stack(a), sharding), *padded)
     return stacked, dmesh
+
+
+def _pad_dg(dg, E_max: int, N_max: int, width: int, round_len: Sequence[int], H_max: int, comm: ShardComm):
+    """Rank-local DG (NumPy leaves) padded to ``E_max`` elements; halo lists to ``H_max``."""
+    h = lambda a: np.asarray(a)
+    halo = halo_map = None
+    if dg.halo is not None:
+        lens = [int(np.shape(i)[0]) for i in dg.fgs.exchange.idx]
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        offs_p = np.concatenate([[0], np.cumsum(round_len)])
+        hm = h(dg.halo_map).astype(np.int64)
+        r = np.clip(np.searchsorted(offs, hm, side="right") - 1, 0, len(lens) - 1)
+        hm = np.where(hm < offs[-1], offs_p[r] + hm - offs[r], offs_p[-1])  # positions in the padded rounds
+        halo = _pad_axis(h(dg.halo).astype(np.int32), 0, H_max, 0)
+        halo_map = _pad_axis(hm.astype(np.int32), 0, H_max, int(offs_p[-1]))  # padded rows: the zero slot
+    return dataclasses.replace(
+        dg,
+        x=_pad_axis(h(dg.x), 1, E_max, "copy0"), D=h(dg.D),
+        rx=_pad_axis(h(dg.rx), 2, E_max, "copy0"),
+        jac=_pad_axis(h(dg.jac), 0, E_max, "copy0"),
+        mass=_pad_axis(h(dg.mass), 0, E_max, 0),
+        normal=_pad_axis(h(dg.normal), 1, E_max, "copy0"),
+        sJ=_pad_axis(h(dg.sJ), 0, E_max, "copy0"),
+        lift=_pad_axis(h(dg.lift), 0, E_max, "copy0"),
+        boundary=_pad_axis(h(dg.boundary), 0, E_max, 0),
+        fgs=_pad_gs(dg.fgs, E_max, N_max, width, round_len, comm),
+        elements=_pad_axis(h(dg.elements).astype(np.int64), 0, E_max, -1),
+        halo=halo, halo_map=halo_map, comm=comm,
+    )
+
+
+def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
+                          dtype=jnp.float64, gs_layout: str = "segment"):
+    """:func:`jaxsem.dg.discretize_dg` over P devices of this process (stacked, sharded rank parts).
+
+    The DG counterpart of :func:`discretize_sharded` (same arguments, same
+    stacking and padding rules): returns ``(dg_stacked, device_mesh)`` with
+    every leaf ``(P, ...)``, e.g. ``x: (P, 3, E_max, n, n, n)``, ``elements:
+    (P, E_max)`` (−1 for dummies), and ``comm = ShardComm(axis_name, P)``. The
+    face exchange is one ``ppermute`` per round of rank pairs.
+
+    Dummy elements have ``mass = 0`` and copy rank-local element 0's geometry;
+    all their face points map to one trash point, so a field that is 0 on
+    them (as :func:`distribute_elements` fills) stays 0 under the models'
+    right-hand sides. Use through :func:`shard_fn`. Fields computed on the host
+    from coordinates (e.g. :func:`jaxsem.models.advection.transport`'s metric
+    terms) need the per-rank loop of :func:`per_rank`.
+    """
+    from .dg import discretize_dg, face_connectivity
+
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    dmesh = _device_mesh(devices, axis_name)
+    P = dmesh.devices.size
+    part = partition_mesh(mesh, P) if partition is None else np.asarray(partition)
+    if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= P:
+        raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {P})")
+    empty = np.setdiff1d(np.arange(P), part)
+    if empty.size:
+        raise ValueError(f"ranks {empty.tolist()} have no elements in the partition")
+    conn = face_connectivity(mesh)
+    dgs = [discretize_dg(mesh, dtype=dtype, gs_layout=gs_layout, connectivity=conn, comm=Comm(rank=r, size=P),
+                         partition=part) for r in range(P)]
+    E_max = max(d.num_elements for d in dgs)
+    N_max, width, round_len = _plan_sizes([d.fgs for d in dgs])
+    H_max = max((int(d.halo.shape[0]) for d in dgs if d.halo is not None), default=0)
+    comm = ShardComm(axis_name=axis_name, size=P)
+    padded = [_pad_dg(d, E_max, N_max, width, round_len, H_max, comm) for d in dgs]
+    sharding = NamedSharding(dmesh, PS(axis_name))
+    stacked = jax.tree.map(lambda *a: jax.device_put(np.stack(a), sharding), *padded)
+    return stacked, dmesh
+
+
+def per_rank(fn: Callable, stacked, mesh: jax.sharding.Mesh):
+    """Apply a host-side (NumPy) function to each rank's part and stack the results, sharded.
+
+    ``fn(part) -> pytree of arrays`` sees rank r's leaves (the leading axis
+    taken away); the results are stacked along a new leading axis and sharded
+    over ``mesh``'s axis.
+    """
+    P = mesh.devices.size
+    outs = [fn(jax.tree.map(lambda a: np.asarray(a)[r], stacked)) for r in range(P)]
+    sharding = NamedSharding(mesh, PS(_axis(mesh)))
+    return jax.tree.map(lambda *a: jax.device_put(np.stack([np.asarray(x) for x in a]), sharding), *outs)
 
 
 def bp_discretize_sharded(mesh: Mesh, bp: int, devices=None, axis_name: str = "ranks", partition=None, **kw):
@@ -335,7 +434,7 @@ def distribute_elements(u_global, sem_stacked: SEM, axis: int = -4, fill: float 
     valid = (el >= 0).reshape(el.shape + (1,) * (v.ndim - 2))
     v = xp.where(valid, v, xp.asarray(fill, v.dtype))
     out = xp.moveaxis(v, 1, ax + 1)
-    sharding = sem_stacked.mask.sharding
+    sharding = sem_stacked.elements.sharding
     if traced or not isinstance(sharding, NamedSharding):
         return jnp.asarray(out)
     return jax.device_put(out, NamedSharding(sharding.mesh, PS(*sharding.spec[:1])))

@@ -139,10 +139,18 @@ def test_cli_advection_json(capsys):
     assert r["error_l2"] == pytest.approx(res.error_l2, rel=1e-10)
 
 
-def test_cli_advection_report(capsys):
-    assert cli.main([*CLI_SMALL, "--velocity", "0", "0", "-1", "--flux", "central", "-q"]) == 0
+def test_cli_advection_report_and_vtu(capsys, tmp_path):
+    vtu = tmp_path / "adv.vtu"
+    assert cli.main([*CLI_SMALL, "--velocity", "0", "0", "-1", "--flux", "central", "--vtu", str(vtu), "-q"]) == 0
     out, _ = capsys.readouterr()
     assert "advection" in out and "relative L2" in out and "central" in out and "(0 0 -1)" in out
+    import meshio
+
+    m = meshio.read(vtu)
+    assert m.points.shape == (8 * 5**3, 3) and set(m.point_data) == {"u", "u_exact"}
+    u, ue = m.point_data["u"], m.point_data["u_exact"]
+    # the file holds the run's fields: u close to the exact Gaussian, not equal to it
+    assert 0 < np.linalg.norm(u - ue) < 0.2 * np.linalg.norm(ue)
 
 
 BAD = [
@@ -154,6 +162,9 @@ BAD = [
     (["solve", "poisson", "--velocity", "1", "0", "0"], "--velocity"),
     (["solve", "maxwell", "--velocity", "1", "0", "0"], "--velocity"),
     ([*CLI_SMALL, "--order", "0"], "--order"),
+    ([*CLI_SMALL, "--schedule", "eager"], "--schedule"),
+    (["solve", "maxwell", "--schedule", "overlap"], "--schedule"),
+    ([*CLI_SMALL, "--vtu", "/nonexistent-dir/u.vtu"], "--vtu"),
 ]
 
 

@@ -64,3 +64,17 @@ def test_sharded_equals_serial(results, P):
     assert res["bp5_uneven_fixed17_err"] < 1e-12
     assert res["periodic_loss_err"] < 1e-12
     assert res["grad_f_err"] < 1e-11
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_sharded_dg_equals_serial(results, P):
+    """DG on the shard backend: 6 LSERK4 advection steps with each schedule (bulk, overlap) and a
+    Maxwell right-hand side on an uneven partition equal serial; dummy elements stay exactly 0."""
+    rc, res, text = results[P]
+    assert res is not None, text[-4000:]
+    assert sum(res["dg_sizes"]) == 12 and len(set(res["dg_sizes"])) > 1, res
+    assert res["dg_halo"][0] == P and res["dg_halo"][1] >= 1
+    for schedule in ("bulk", "overlap"):
+        assert res[f"advection_{schedule}_err"] < 1e-12, res
+        assert res[f"advection_{schedule}_dummies_zero"], res
+    assert res["maxwell_rhs_err"] < 1e-12, res

@@ -43,13 +43,16 @@ from .. import basis
 from .. import timestepping as ts
 from ..comm import allreduce_sum
 from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
+from ..gather_scatter import exchange_received, global_to_local, local_to_global
 from ..mesh import box_mesh
 
 __all__ = [
     "FLUXES",
     "FORMS",
+    "SCHEDULES",
     "Transport",
     "transport",
+    "transport_sharded",
     "curl_metrics",
     "rhs",
     "make_rhs",
@@ -67,6 +70,7 @@ __all__ = [
 
 FLUXES = ("upwind", "central")
 FORMS = ("split", "conservative", "chain")
+SCHEDULES = ("bulk", "overlap")
 DEFAULT_VELOCITY = (1.0, 0.5, 0.25)
 DEFAULT_WIDTH = 0.15
 DEFAULT_CENTER = (0.5, 0.5, 0.5)
@@ -126,15 +130,39 @@ class Transport:
     lw: jax.Array
 
 
-def transport(dg: DG, velocity=DEFAULT_VELOCITY, exchange: Exchange | None = None) -> Transport:
-    """Flux weights of the constant ``velocity`` on ``dg`` (one exchange for the ⁺ side)."""
+def _velocity(velocity) -> np.ndarray:
     c = np.asarray(velocity, dtype=float)
     if c.shape != (3,) or not np.all(np.isfinite(c)):
         raise ValueError(f"velocity must be 3 finite numbers, got {velocity!r}")
+    return c
+
+
+def _contravariant(order: int, x, c) -> np.ndarray:
+    """``A_a = c·(J∇r_a)``, ``(3, E, n, n, n)``, from float64 GLL metrics of ``x: (3, E, n, n, n)``."""
+    D = basis.derivative_matrix(basis.gll_points(order)[0])
+    return np.einsum("d,ad...->a...", c, curl_metrics(D, x))
+
+
+def transport(dg: DG, velocity=DEFAULT_VELOCITY, exchange: Exchange | None = None) -> Transport:
+    """Flux weights of the constant ``velocity`` on ``dg`` (one exchange for the ⁺ side)."""
+    c = _velocity(velocity)
     # The metrics from the float64 GLL points and nodes (dg.x may be float32).
-    D = basis.derivative_matrix(basis.gll_points(dg.order)[0])
-    A = np.einsum("d,ad...->a...", c, curl_metrics(D, dg.x))
+    A = _contravariant(dg.order, dg.x, c)
     return _transport(dg, jnp.asarray(c, dg.jac.dtype), jnp.asarray(A, dg.jac.dtype), exchange)
+
+
+def transport_sharded(dg_stacked: DG, device_mesh, velocity=DEFAULT_VELOCITY) -> Transport:
+    """:func:`transport` of a stacked DG from :func:`jaxsem.shard.discretize_dg_sharded`.
+
+    Returns the stacked Transport (every leaf ``(P, ...)``, sharded like ``dg_stacked``).
+    """
+    from .. import shard
+
+    c = _velocity(velocity)
+    dtype = dg_stacked.jac.dtype
+    A = shard.per_rank(lambda d: _contravariant(dg_stacked.order, d.x, c).astype(dtype), dg_stacked, device_mesh)
+    return jax.jit(shard.shard_fn(lambda d, a: _transport(d, jnp.asarray(c, dtype), a, None), device_mesh))(
+        dg_stacked, A)
 
 
 @functools.partial(jax.jit, static_argnums=3)
@@ -152,41 +180,87 @@ def _transport(dg, c, A, exchange):
 # ----------------------------------------------------------------------------- operator
 
 
-def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | None = None,
-        form: str = "split"):
-    """du/dt of the semi-discrete advection equation, ``u: (E, n, n, n)`` → same shape."""
-    _check_choice(flux, "flux", FLUXES)
-    _check_choice(form, "form", FORMS)
-    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+def _volume(dg, tr, u, form):
     vol = 0.0
     if form in ("split", "conservative"):
         vol = vol + sum(_d(dg.D, tr.A[a] * u, a) for a in range(3))
     if form in ("split", "chain"):
         vol = vol + sum(tr.A[a] * _d(dg.D, u, a) for a in range(3))
-    if form == "split":
-        vol = 0.5 * vol
-    uf = faces(u)  # (E, 6, n, n): one component through the exchange
-    up = ex(uf[None])[0] - uf  # neighbour (0 = inflow on the boundary)
-    fstar = 0.5 * tr.vn * (uf + up)
+    return 0.5 * vol if form == "split" else vol
+
+
+def _surface(tr_an, tr_vn, tr_lw, uf, up, flux):
+    fstar = 0.5 * tr_vn * (uf + up)
     if flux == "upwind":
-        fstar = fstar + 0.5 * jnp.abs(tr.vn) * (uf - up)
-    return lift_faces(tr.lw * (tr.an * uf - fstar)) - vol / dg.jac
+        fstar = fstar + 0.5 * jnp.abs(tr_vn) * (uf - up)
+    return lift_faces(tr_lw * (tr_an * uf - fstar))
 
 
-@functools.lru_cache(maxsize=None)
-def make_rhs(flux: str = "upwind", exchange: Callable | None = None, form: str = "split"):
-    """``f(t, u, (dg, tr))`` for :func:`jaxsem.timestepping.run` (cached: one object per options).
+def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | None = None,
+        form: str = "split", schedule: str = "bulk"):
+    """du/dt of the semi-discrete advection equation, ``u: (E, n, n, n)`` → same shape.
 
-    ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
-    :func:`jaxsem.dg.face_exchange`).
+    ``schedule`` (matters only on a distributed ``dg`` with the built-in exchange):
+
+    * ``"bulk"``: bulk-synchronous — exchange the face values, then compute
+      everything (an ``optimization_barrier`` keeps the compiler from starting
+      the volume term before the exchange has finished);
+    * ``"overlap"``: start the exchange, compute everything that needs no remote
+      data — the volume term of all elements and the face terms with the local
+      neighbours (remote ones count as 0) — then, when the messages are in, add
+      the remote neighbours' part of the flux on the halo elements only
+      (``dg.halo``). The flux is linear in the neighbour value, so the sum
+      equals the bulk result up to round-off. Whether the compiled program
+      really overlaps depends on the backend (a ShardComm's ``ppermute`` can
+      be asynchronous; mpi4jax's ``sendrecv`` blocks): see
+      ``experiments/advection_overlap.py``.
     """
     _check_choice(flux, "flux", FLUXES)
     _check_choice(form, "form", FORMS)
+    _check_choice(schedule, "schedule", SCHEDULES)
+    distributed = exchange is None and dg.fgs.exchange is not None
+    uf = faces(u)  # (E, 6, n, n): one component through the exchange
+    if distributed and schedule == "overlap":
+        return _rhs_overlap(dg, tr, u, uf, flux, form)
+    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
+    total = ex(uf[None])[0]
+    if distributed:
+        u, total = jax.lax.optimization_barrier((u, total))
+    up = total - uf  # neighbour (0 = inflow on the boundary)
+    return _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
+
+
+def _rhs_overlap(dg, tr, u, uf, flux, form):
+    plan = dg.fgs
+    s = local_to_global(plan, uf)  # this rank's sums: the complete sum where no copy is remote
+    received = exchange_received(plan.exchange, s)  # (K + 1,): the remote copies' values
+    up = global_to_local(plan, s).reshape(uf.shape) - uf  # local neighbours; 0 where remote
+    local = _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
+    h = dg.halo
+    dup = received[dg.halo_map]  # (H, 6, n, n) remote neighbour values, 0 elsewhere
+    vn = tr.vn[h]
+    dflux = 0.5 * vn * dup  # f* grows by (½vn − ½α|vn|) u⁺; the lifted term is −f*
+    if flux == "upwind":
+        dflux = dflux - 0.5 * jnp.abs(vn) * dup
+    return local.at[h].add(lift_faces(-tr.lw[h] * dflux))
+
+
+@functools.lru_cache(maxsize=None)
+def make_rhs(flux: str = "upwind", exchange: Callable | None = None, form: str = "split",
+             schedule: str = "bulk"):
+    """``f(t, u, (dg, tr))`` for :func:`jaxsem.timestepping.run` (cached: one object per options).
+
+    ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
+    :func:`jaxsem.dg.face_exchange`); ``schedule`` as in :func:`rhs`.
+    """
+    _check_choice(flux, "flux", FLUXES)
+    _check_choice(form, "form", FORMS)
+    _check_choice(schedule, "schedule", SCHEDULES)
 
     def f(t, u, args):
         dg, tr = args
         ex = None if exchange is None else (lambda v: exchange(dg, v))
-        return rhs(dg, tr, u, flux, ex, form)
+        return rhs(dg, tr, u, flux, ex, form, schedule)
 
     return f
 
@@ -279,17 +353,20 @@ def _relative_error(m, u, u_exact, comm):
 
 def simulate(dg: DG, tr: Transport, u0, t_final: float, *, flux: str = "upwind", method: str = "lserk4",
              cfl: float = 0.5, dt: float | None = None, rho: float | None = None, chunk_steps: int = 100,
-             progress: bool = False, form: str = "split", exchange: Callable | None = None):
+             progress: bool = False, form: str = "split", exchange: Callable | None = None,
+             schedule: str = "bulk"):
     """Advance ``u0`` to ``t_final`` with the guarded driver; return ``(u, info, dt)``.
 
     Δt = ``cfl`` × the stable limit (rounded down so ``t_final`` is hit exactly)
-    unless ``dt`` is given; a ``dt`` above the limit is refused.
+    unless ``dt`` is given; a ``dt`` above the limit is refused. ``schedule``:
+    see :func:`rhs`.
     """
+    _check_choice(schedule, "schedule", SCHEDULES)
     if not (math.isfinite(t_final) and t_final >= 0):
         raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
     limit = stable_dt(dg, tr, flux, method, rho, form)
     dt, steps = ts.plan_steps(t_final, limit, method, cfl, dt)
-    u, info = ts.run(make_rhs(flux, exchange, form), u0, dt, steps, args=(dg, tr), method=method, dt_max=limit,
+    u, info = ts.run(make_rhs(flux, exchange, form, schedule), u0, dt, steps, args=(dg, tr), method=method, dt_max=limit,
                      chunk_steps=chunk_steps, progress=progress, desc="advection", comm=dg.comm)
     return u, info, dt
 
@@ -314,7 +391,7 @@ def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
                    width: float = DEFAULT_WIDTH, center=DEFAULT_CENTER, flux: str = "upwind",
                    deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4", lengths=(1.0, 1.0, 1.0),
                    dtype=jnp.float64, progress: bool = False, chunk_steps: int = 100, form: str = "split",
-                   comm=None, partition=None):
+                   comm=None, partition=None, schedule: str = "bulk"):
     """The periodic Gaussian carried across the periodic box; returns ``(dg, u, AdvectionResult)``.
 
     ``seconds`` counts the time stepping only (compiled beforehand); the error
@@ -327,9 +404,9 @@ def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
     u0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
     rho = spectral_radius(dg, tr, flux, form=form)
     limit = stable_dt(dg, tr, flux, method, rho, form)
-    ts.run(make_rhs(flux, None, form), u0, limit / 2, 1, args=(dg, tr), method=method)  # compile
+    ts.run(make_rhs(flux, None, form, schedule), u0, limit / 2, 1, args=(dg, tr), method=method)  # compile
     u, info, dt = simulate(dg, tr, u0, t_final, flux=flux, method=method, cfl=cfl, rho=rho,
-                           chunk_steps=chunk_steps, progress=progress, form=form)
+                           chunk_steps=chunk_steps, progress=progress, form=form, schedule=schedule)
     err = relative_error(dg, u, exact(dg.x, t_final).astype(dg.jac.dtype))
     return dg, u, AdvectionResult(err, info.steps, dt, limit, info.seconds, float(mass(dg, u0)),
                                   float(mass(dg, u)), float(energy(dg, u0)), float(energy(dg, u)),
@@ -338,8 +415,13 @@ def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
 
 def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY,
            flux: str = "upwind", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
-           dtype: str = "float64", progress=None, progress_bar: bool = False, comm=None) -> dict:
+           dtype: str = "float64", progress=None, progress_bar: bool = False, comm=None,
+           vtu: str | None = None, schedule: str = "bulk") -> dict:
     """:func:`solve_gaussian` as a JSON-ready dict (the ``jaxsem solve advection`` result).
+
+    ``vtu``: write u and the exact solution at ``t_final`` to this file (one
+    file per rank when distributed, ``PATH.rank{r}.vtu``); ``schedule``: see
+    :func:`rhs`.
 
     ``dofs = E·p³``; ``error_l2`` relative L2 vs the exact translated Gaussian
     at ``t_final``; ``mass_drift`` = |∫u(T) − ∫u(0)| / ∫u(0); ``converged``
@@ -350,21 +432,29 @@ def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity
     base = dict(problem="advection", order=order, elements=list(elements), num_elements=E, components=1,
                 dofs=E * order**3, points=E * (order + 1) ** 3, velocity=[float(v) for v in velocity],
                 width=DEFAULT_WIDTH, flux=flux, method=method, deform=float(deform), cfl=float(cfl),
-                t_final=float(t_final), dtype=dtype)
+                t_final=float(t_final), dtype=dtype, schedule=schedule)
     note(f"advection: order {order}, elements {tuple(elements)}, deform {deform}, periodic Gaussian, "
          f"velocity {tuple(velocity)}, {flux} flux, {method}, t_final {t_final}")
     tic = time.perf_counter()
     try:
         dg, u, r = solve_gaussian(order, elements, t_final, velocity=velocity, flux=flux, deform=deform,
                                   cfl=cfl, method=method, dtype=jnp.dtype(dtype), progress=progress_bar,
-                                  comm=comm)
+                                  comm=comm, schedule=schedule)
     except ts.NonFiniteError as e:
         note(f"advection: {e}")
         return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
                     message=str(e))
     total = time.perf_counter() - tic
+    if vtu:
+        from ..io import write_vtu
+
+        if dg.comm.size > 1:
+            vtu = f"{vtu[:-4] if vtu.endswith('.vtu') else vtu}.rank{dg.comm.rank}.vtu"
+        note(f"advection: writing {vtu}")
+        exact = gaussian(dg.x, t_final, velocity)
+        write_vtu(vtu, dg, u=u, u_exact=exact)
     return dict(
-        base, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
+        base, vtu=vtu, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
         dt_limit=r.dt_limit, mass_drift=abs(r.mass - r.mass0) / abs(r.mass0), energy_ratio=r.energy / r.energy0,
         seconds=r.seconds, compile_seconds=total - r.seconds,
     )

@@ -22,14 +22,14 @@ def _rel(a, b, comm):
     return float(num / den)
 
 
-def _run(comm, mesh, flux, t_final, velocity, rho=None, partition=None):
+def _run(comm, mesh, flux, t_final, velocity, rho=None, partition=None, schedule="bulk"):
     out = []
     for c in (Comm(), comm):
         dg = discretize_dg(mesh, comm=c, partition=partition if c.size > 1 else None)
         tr = ad.transport(dg, velocity)
         exact = lambda x, t: ad.gaussian(x, t, velocity)
         u0 = exact(dg.x, 0.0)
-        u, info, dt = ad.simulate(dg, tr, u0, t_final, flux=flux, cfl=0.5, rho=rho)
+        u, info, dt = ad.simulate(dg, tr, u0, t_final, flux=flux, cfl=0.5, rho=rho, schedule=schedule)
         out.append(dict(dg=dg, el=np.asarray(dg.elements), u=u, steps=info.steps, dt=dt,
                         m0=float(ad.mass(dg, u0)), m=float(ad.mass(dg, u)),
                         e0=float(ad.energy(dg, u0)), e=float(ad.energy(dg, u)),
@@ -74,3 +74,22 @@ def test_central_uneven_partition(comm):
     _check(comm, s, d, 6)
     assert np.array_equal(d["el"], np.nonzero(part == comm.rank)[0])
     assert float(jnp.sum(d["dg"].boundary)) == 0.0
+
+
+def test_overlap_schedule(comm):
+    """schedule="overlap" (local part first, remote flux on the halo elements after the exchange)
+    equals serial; the halo is exactly the elements with a remote face point (with 2 ranks, the
+    middle layer of each half of the 6x2x2 box is not in it)."""
+    mesh = box_mesh((6, 2, 2), 2, periodic=(True,) * 3, deform=0.05)
+    from jaxsem.partition import partition_mesh
+
+    part = partition_mesh(mesh, comm.size)
+    s, d = _run(comm, mesh, "upwind", 0.2, (0.5, 1.0, -0.75), rho=40.0, partition=part, schedule="overlap")
+    _check(comm, s, d, 4)
+    from jaxsem.dg import face_connectivity
+
+    nb = face_connectivity(mesh).neighbors[:, :, 0]  # (E, 6) neighbour element, -1 on the boundary
+    el = d["el"]
+    remote = np.any((nb[el] >= 0) & (part[np.maximum(nb[el], 0)] != comm.rank), axis=1)
+    assert np.array_equal(np.asarray(d["dg"].halo), np.nonzero(remote)[0])
+    assert 0 < len(d["dg"].halo) and (comm.size > 2 or len(d["dg"].halo) < len(el))

@@ -1,0 +1,289 @@
+"""DG time stepping over ranks/devices: Maxwell (SEDG) and advection, time per step, exchange share.
+
+For each global mesh (periodic box, affine unit elements, order N) the model's
+LSERK4 step runs ``--steps`` times inside one compiled loop (median of
+``--repeats``); the face exchange alone (the face gather–scatter incl. the
+neighbour messages, all components in one call) is timed as a loop of 20, so
+its share of a step (5 stages × one exchange) is reported. Backends:
+
+* ``mpi``: run under ``mpirun -n P`` (mpi4jax sendrecv/allreduce; host-staged
+  when the MPI is not CUDA-aware);
+* ``shard``: one process, ``--devices P`` (shard_map + ppermute, NCCL on GPUs).
+
+Advection also takes ``--schedules bulk,overlap`` (see
+:func:`jaxsem.models.advection.rhs`): ``bulk`` exchanges, then computes;
+``overlap`` computes the local part while the face data travel. For the shard
+backend the script also reads the compiled program's schedule: for each
+``collective-permute-start``/``-done`` pair it counts the compute instructions
+(fusions, custom calls, ...) the compiler placed between them — work that can
+run while the message travels. That is the evidence the overlap happens, not
+just the hope; the timings say whether it pays.
+
+Work models (flops per step, n = E(N+1)³ points, 5 LSERK4 stages):
+
+* Maxwell: NekCEM's [180(N+1) + 420]·n (Otten et al. 2016, eq. 16);
+* advection (split form): 5·[(12(N+1) + 17)·n + 12·6E(N+1)²] — per stage two
+  sets of three 1-D derivatives (2(N+1) flops per point each), 17 pointwise
+  flops (products with A, sums, 1/J, the 2N-storage update) and 12 per face
+  point (flux, lift).
+
+    mpirun -n 2 python experiments/dg_scaling.py --model maxwell --backend mpi --sizes 4x4x4 --out m.json
+    python experiments/dg_scaling.py --model advection --backend shard --devices 2 --schedules bulk,overlap
+    python experiments/dg_scaling.py --plot a.json b.json ...     # PNG beside the first file
+Default (CPU, seconds): --order 3 --sizes 4x4x4 --steps 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def parse_sizes(text):
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+
+
+def flops_per_step(model, order, E):
+    n1 = order + 1
+    if model == "maxwell":
+        return (180.0 * n1 + 420.0) * E * n1**3
+    return 5.0 * ((12 * n1 + 17) * E * n1**3 + 12 * 6 * E * n1**2)
+
+
+def _timeit(fn, args, repeats):
+    jax.block_until_ready(fn(*args))
+    ts_ = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts_.append(time.perf_counter() - t)
+    return statistics.median(ts_)
+
+
+def schedule_evidence(hlo_text: str) -> dict:
+    """Compute instructions the compiler scheduled between each collective-permute start and done.
+
+    Reads the optimized HLO (``compiled.as_text()``): in each computation the
+    instruction order is the schedule. Counts, for every start → done pair,
+    the instructions in between that do work (fusion, custom-call, dot,
+    convolution, all-reduce, ...), not bookkeeping (parameter, constant,
+    get-tuple-element, tuple, bitcast, copy).
+    """
+    pairs = []
+    skip = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy", "copy-start", "copy-done")
+    for comp in re.split(r"\n(?=\S.*\{\s*$)", hlo_text):
+        lines = comp.splitlines()
+        open_ = {}
+        for i, ln in enumerate(lines):
+            m = re.match(r"\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*[^=]*?\s([\w\-]+)\(", ln)
+            if not m:
+                continue
+            name, op = m.group(1), m.group(2)
+            if op == "collective-permute-start":
+                open_[name] = i
+            elif op == "collective-permute-done":
+                src = next((s for s in open_ if s in ln[ln.index(op):]), None)
+                if src is None:
+                    continue
+                start = open_.pop(src)
+                between = []
+                for ln2 in lines[start + 1:i]:
+                    m2 = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*[^=]*?\s([\w\-]+)\(", ln2)
+                    if m2 and m2.group(1) not in skip:
+                        between.append(m2.group(1))
+                pairs.append(dict(start=src, compute_between=len(between),
+                                  kinds=sorted(set(between))))
+    return dict(pairs=len(pairs), compute_between=[p["compute_between"] for p in pairs],
+                overlapping_pairs=sum(p["compute_between"] > 0 for p in pairs),
+                kinds=sorted({k for p in pairs for k in p["kinds"]}))
+
+
+def _setup(a, elements, comm=None, P=1):
+    """(dg, args, y0, f, exchange_payload) for one size; dg sharded when a.backend == 'shard'."""
+    from jaxsem import shard
+    from jaxsem.dg import discretize_dg
+    from jaxsem.mesh import box_mesh
+    from jaxsem.models import advection as ad
+    from jaxsem.models import maxwell as mx
+
+    mesh = box_mesh(elements, a.order, lengths=tuple(float(v) for v in elements), periodic=(True,) * 3)
+    dtype = jnp.dtype(a.dtype)
+    if a.backend == "shard":
+        dg, dmesh = shard.discretize_dg_sharded(mesh, devices=P, dtype=dtype)
+    else:
+        dg, dmesh = discretize_dg(mesh, dtype=dtype, comm=comm), None
+    if a.model == "maxwell":
+        if dmesh is None:
+            args = (dg, mx.material(dg))
+            y0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
+        else:
+            mat = jax.jit(shard.shard_fn(lambda d: mx.material(d), dmesh))(dg)
+            args = (dg, mat)
+            y0 = jax.jit(shard.shard_fn(
+                lambda d: mx.plane_wave(d.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
+                * (d.mass > 0), dmesh))(dg)
+    else:
+        L = mesh.lengths
+        vel = (1.0, 0.5, 0.25)
+        if dmesh is None:
+            tr = ad.transport(dg, vel)
+            y0 = ad.gaussian(dg.x, 0.0, vel, center=tuple(0.5 * v for v in L), width=0.15 * L[0],
+                             lengths=L).astype(dtype)
+        else:
+            tr = ad.transport_sharded(dg, dmesh, vel)
+            y0 = jax.jit(shard.shard_fn(
+                lambda d: ad.gaussian(d.x, 0.0, vel, center=tuple(0.5 * v for v in L), width=0.15 * L[0],
+                                      lengths=L).astype(dtype) * (d.mass > 0), dmesh))(dg)
+        args = (dg, tr)
+    return mesh, dg, dmesh, args, y0
+
+
+def _rhs(a, schedule):
+    from jaxsem.models import advection as ad
+    from jaxsem.models import maxwell as mx
+
+    if a.model == "maxwell":
+        return mx.make_rhs("upwind", "pec", None, a.form)  # periodic mesh: no boundary faces
+    return ad.make_rhs("upwind", None, "split", schedule)
+
+
+def run(a):
+    from jaxsem import shard
+    from jaxsem import timestepping as ts
+    from jaxsem.comm import get_comm
+    from jaxsem.dg import face_exchange, faces
+
+    comm = get_comm() if a.backend == "mpi" else None
+    plist = [comm.size] if comm is not None else [int(v) for v in str(a.devices).split(",")]
+    rank = comm.rank if comm is not None else 0
+    rows = []
+    schedules = a.schedules.split(",") if a.model == "advection" else ["bulk"]
+    for elements, P in ((e, P) for e in parse_sizes(a.sizes) for P in plist):
+        t0 = time.perf_counter()
+        mesh, dg, dmesh, args, y0 = _setup(a, elements, comm, P)
+        jax.block_until_ready((args, y0))
+        setup = time.perf_counter() - t0
+        E = mesh.num_elements
+        n_pts = E * (a.order + 1) ** 3
+        comps = 6 if a.model == "maxwell" else 1
+        dt = 1e-4
+        reps = 20
+
+        def wrap(fn):
+            return jax.jit(fn if dmesh is None else shard.shard_fn(fn, dmesh))
+
+        xloop = wrap(lambda d, y: jax.lax.fori_loop(
+            0, reps, lambda i, v: face_exchange(d, v) * 0.5, faces(y.reshape((comps,) + y.shape[-4:]))))
+        t_x = _timeit(xloop, (dg, y0), a.repeats) / reps
+        for schedule in schedules:
+            f = _rhs(a, schedule)
+            steps = a.steps
+
+            def loop(d, extra, y):
+                g = lambda t, v: f(t, v, (d, extra))
+                return jax.lax.fori_loop(0, steps, lambda i, v: ts.rk_step(g, i * dt, v, dt, "lserk4",
+                                                                          loop_stages=True), y)
+
+            stepper = wrap(loop)
+            t_run = _timeit(stepper, (dg, args[1], y0), a.repeats)
+            y = stepper(dg, args[1], y0)
+            finite = bool(jnp.all(jnp.isfinite(y)))
+            evidence = None
+            if dmesh is not None and P > 1:
+                evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
+            sps = t_run / steps
+            flops = flops_per_step(a.model, a.order, E)
+            row = dict(model=a.model, backend=a.backend, ranks=P, schedule=schedule, elements=list(elements),
+                       num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
+                       dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
+                       exchange_seconds=t_x, exchange_share=5 * t_x / sps, gflops=flops / sps / 1e9,
+                       flops_per_step=flops, setup_seconds=setup, finite=finite, schedule_evidence=evidence,
+                       xla_flags=os.environ.get("XLA_FLAGS", ""))
+            rows.append(row)
+            if rank == 0:
+                ev = "" if evidence is None else (f" permutes {evidence['pairs']}, with compute between "
+                                                  f"{evidence['overlapping_pairs']}")
+                print(f"{a.model} {a.backend} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
+                      f"{sps * 1e3:8.3f} ms exch {t_x * 1e3:7.3f} ms ({100 * row['exchange_share']:4.1f}%) "
+                      f"{row['gflops']:7.1f} GF setup {setup:.0f}s{ev}", file=sys.stderr, flush=True)
+        del dg, args, y0
+    return rank, rows
+
+
+def plot(paths):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for p in paths:
+        with open(p) as fh:
+            rows += json.load(fh)["rows"]
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rs = [r for r in rows if r["model"] == model]
+        for key in sorted({(r["backend"], r["ranks"], r["schedule"]) for r in rs}):
+            sel = sorted((r for r in rs if (r["backend"], r["ranks"], r["schedule"]) == key), key=lambda r: r["points"])
+            ax.plot([r["points_per_rank"] for r in sel], [r["gflops"] / r["ranks"] for r in sel], "o-",
+                    label=f"{key[0]} P={key[1]} {key[2]}")
+        ax.set_xscale("log")
+        ax.set_xlabel("points per rank n/P")
+        ax.set_ylabel("GFLOPS per rank (model)")
+        ax.set_title(model)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = os.path.splitext(paths[0])[0] + ".png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["maxwell", "advection"], default="maxwell")
+    ap.add_argument("--backend", choices=["mpi", "shard"], default="mpi")
+    ap.add_argument("--devices", default="1", help="shard backend: device counts, e.g. 1,2,4")
+    ap.add_argument("--order", type=int, default=3)
+    ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 10x10x8,20x10x8")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--schedules", default="bulk", help="advection: comma list of bulk, overlap")
+    ap.add_argument("--form", default="chain", choices=["chain", "split"], help="maxwell: curl form")
+    ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", nargs="+", default=None)
+    a = ap.parse_args(argv)
+    if a.plot:
+        print(plot(a.plot))
+        return
+    for s in a.schedules.split(","):
+        if s not in ("bulk", "overlap"):
+            ap.error(f"argument --schedules: unknown schedule {s!r} (bulk, overlap)")
+    if a.steps < 1 or a.repeats < 1 or a.order < 1:
+        ap.error("argument --steps/--repeats/--order: must be >= 1")
+    if a.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    rank, rows = run(a)
+    if rank == 0 and a.out:
+        import jaxsem
+
+        dev = jax.devices()[0]
+        with open(a.out, "w") as fh:
+            json.dump(dict(experiment="dg_scaling", device=getattr(dev, "device_kind", dev.platform),
+                           jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
+                           command="python " + " ".join(sys.argv), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
