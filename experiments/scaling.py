@@ -156,6 +156,8 @@ def fit_n08(rows):
     if inv_r <= 0:
         return None
     R = 1 / inv_r
+    if t0 <= 0:  # the sizes are all far above n0.8: the intercept is not resolved
+        return dict(t0=float(t0), R=float(R), n08=None, note="t0 not resolved (fit intercept <= 0)")
     return dict(t0=float(t0), R=float(R), n08=float(4 * t0 * R))
 
 
@@ -191,8 +193,10 @@ def plot(paths):
                 r1 = one[tuple(r["elements"])]
                 eff.append(dict(backend=backend, ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
                                 strong_efficiency=r1["seconds_per_iteration"] / (r["ranks"] * r["seconds_per_iteration"])))
-        xs = [e for e in eff if e["backend"] == backend]
-        ax[1].plot([e["dofs"] for e in xs], [e["strong_efficiency"] for e in xs], "o-", label=f"{backend} strong η")
+        for P in sorted({e["ranks"] for e in eff if e["backend"] == backend}):
+            xs = sorted((e for e in eff if e["backend"] == backend and e["ranks"] == P), key=lambda e: e["dofs"])
+            ax[1].plot([e["dofs"] for e in xs], [e["strong_efficiency"] for e in xs], "o-",
+                       label=f"{backend}, P={P}: strong η")
     ax[1].set_xscale("log")
     ax[1].axhline(0.9, color="k", ls="--", lw=0.8)
     ax[1].set_xlabel("global DOFs")
@@ -204,8 +208,8 @@ def plot(paths):
     for r in rows:
         if r["ranks"] == 1:
             continue
-        base = [b for b in rows if b["ranks"] == 1 and b["backend"] == r["backend"]
-                and abs(b["dofs"] - r["dofs_per_rank"]) <= 0.03 * b["dofs"]]
+        base = sorted((b for b in rows if b["ranks"] == 1 and abs(b["dofs"] - r["dofs_per_rank"]) <= 0.03 * b["dofs"]),
+                      key=lambda b: b["backend"] != r["backend"])  # same backend first (P = 1 never communicates)
         if base:
             b = base[0]
             weak.append(dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"],

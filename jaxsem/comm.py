@@ -164,16 +164,13 @@ def _mpi_world():
         return None
     if MPI.COMM_WORLD.Get_size() == 1:
         return None
-    _tune_host_staging()
+    global HOST_STAGING_TUNED
+    HOST_STAGING_TUNED = _tune_host_staging()
     return MPI.COMM_WORLD.Dup()
 
 
-# Largest piece one mpi4jax sendrecv moves (None: no splitting); bigger buffers go
-# in several messages, so that mpi4jax's host staging buffers stay below glibc's
-# mmap threshold. Opt-in (JAXSEM_MAX_MESSAGE_BYTES): on 2×H200 an exchange
-# benchmark with splitting at 8 MiB aborted inside XLA's CUDA plugin (2026-11-22,
-# cause not yet found), while the CPU tests pass.
-MAX_MESSAGE_BYTES = int(os.environ["JAXSEM_MAX_MESSAGE_BYTES"]) if os.environ.get("JAXSEM_MAX_MESSAGE_BYTES") else None
+# True once a distributed run has raised glibc's mmap threshold (see _tune_host_staging).
+HOST_STAGING_TUNED = False
 
 
 def _tune_host_staging() -> bool:
@@ -182,14 +179,16 @@ def _tune_host_staging() -> bool:
     Without CUDA-aware MPI, mpi4jax mallocs a host send and receive buffer on
     every call. glibc serves requests above its mmap threshold (128 KiB by
     default, raised dynamically up to 32 MiB) with a fresh ``mmap`` and returns
-    them with ``munmap``, so every exchange page-faults its whole buffer again
-    (measured on 2×H200: a 16 MB exchange took 29 ms vs 5 ms for host arrays).
+    them with ``munmap``, so every exchange page-faults its whole buffer again.
     Raising the threshold to its 32 MiB maximum and disabling trimming lets
-    the heap reuse those pages. Opt-in with ``JAXSEM_MALLOPT=1``: its effect on
-    the GPU exchange is not yet measured (the benchmark run aborted, see
-    ``MAX_MESSAGE_BYTES``), and it changes the whole process's allocator.
+    the heap reuse those pages. Measured on 4×H200 (mpi4jax 0.9.1, Open MPI
+    4.1, not CUDA-aware; experiments/results/x4/exchange_mpi_*.json): a 16 MB
+    exchange 25.3 ms → 7.0 ms, 4 MB 6.0 → 1.8 ms; ≤ 1 MB unchanged. On by
+    default in a distributed run; ``JAXSEM_MALLOPT=0`` turns it off (it
+    changes the whole process's allocator: freed memory up to 32 MiB per
+    block stays in the heap).
     """
-    if os.environ.get("JAXSEM_MALLOPT", "0") != "1":
+    if os.environ.get("JAXSEM_MALLOPT", "1") == "0":
         return False
     try:
         import ctypes
@@ -343,14 +342,4 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
     if isinstance(recvbuf_template, jax.ShapeDtypeStruct):
         recvbuf_template = jnp.zeros(shape, dtype)
     sendbuf = jnp.asarray(sendbuf)
-    nbytes = sendbuf.size * sendbuf.dtype.itemsize
-    if MAX_MESSAGE_BYTES and sendbuf.shape == shape and sendbuf.dtype == dtype and nbytes > MAX_MESSAGE_BYTES:
-        # Split large messages (see _tune_host_staging): both sides split alike.
-        flat = sendbuf.reshape(-1)
-        step = max(MAX_MESSAGE_BYTES // sendbuf.dtype.itemsize, 1)
-        parts = [
-            mpi4jax.sendrecv(flat[i : i + step], flat[i : i + step], source, dest, comm=_mpi_world())
-            for i in range(0, flat.size, step)
-        ]
-        return jnp.concatenate(parts).reshape(shape)
     return mpi4jax.sendrecv(sendbuf, recvbuf_template, source, dest, comm=_mpi_world())

@@ -116,3 +116,14 @@ def test_sendrecv_argument_errors():
         sendrecv(jnp.ones(2), jnp.ones(2), source=0.0, dest=0, comm=comm)
     with pytest.raises(ValueError, match="shape"):
         sendrecv(jnp.ones(2), jnp.ones(3), source=0, dest=0, comm=comm)
+
+
+def test_host_staging_tuning_switch(monkeypatch):
+    """JAXSEM_MALLOPT=0 leaves the allocator alone; otherwise glibc's mallopt is called and succeeds."""
+    from jaxsem import comm as C
+
+    monkeypatch.setenv("JAXSEM_MALLOPT", "0")
+    assert C._tune_host_staging() is False
+    monkeypatch.setenv("JAXSEM_MALLOPT", "1")
+    assert C._tune_host_staging() is True  # glibc (Linux CI): both mallopt calls return 1
+    assert C.HOST_STAGING_TUNED is False  # one process: no MPI world was set up
