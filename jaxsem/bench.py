@@ -41,12 +41,12 @@ from . import basis
 from .comm import allreduce_sum
 from .mesh import _check_int_triple, box_mesh
 from .models import poisson
-from .operators.bk import BK_SPECS, bk_apply
-from .solvers.pcg import pcg
+from .operators.bk import BK_SPECS, bk_apply, bk_impl
+from .solvers.pcg import pcg, weighted_dots
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
-    "device_info", "count_dofs", "time_bk", "time_bp",
+    "device_info", "count_dofs", "time_bk", "time_bp", "bp_operator",
 ]
 
 PROBLEMS = tuple(f"bk{k}" for k in BK_SPECS) + tuple(f"bp{k}" for k in BK_SPECS)
@@ -159,6 +159,15 @@ def _time(fn, args, repeats):
     return out, times
 
 
+IMPLS = ("auto", "einsum", "fused", "pallas")
+
+
+def _check_impl(impl):
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    return impl
+
+
 def _note(progress, msg):
     if progress is not None:
         progress(msg)
@@ -176,6 +185,7 @@ def bench_bk(
     bandwidth: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    impl: str = "auto",
 ) -> dict:
     """Time the jitted BKk element operator on a random E-vector.
 
@@ -187,6 +197,9 @@ def bench_bk(
         geometry; all six factors are stored either way).
       bandwidth: memory bandwidth in bytes/s for ``percent_of_ceiling``.
       progress: optional callback receiving one-line status messages.
+      impl: element kernel, ``"auto"`` (fused Pallas on a GPU, einsum
+        elsewhere), ``"einsum"`` or ``"fused"``/``"pallas"``; the result's
+        ``impl`` says which one ran.
 
     Returns a dict: problem, order, elements, num_elements, components, points,
     dofs, dtype, deform, iterations (1: one apply per sample), repeats, seconds,
@@ -195,7 +208,8 @@ def bench_bk(
     ceiling_dofs_per_second, percent_of_ceiling].
     """
     repeats = _check_positive_int(repeats, "repeats")
-    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
+    impl = _check_impl(impl)
+    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress, impl=impl)
     return _bench("bk", k, order, elements, dtype, deform, bandwidth, progress, timer)
 
 
@@ -220,21 +234,15 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) 
     return _rates(result, bandwidth)
 
 
-def _impl_used(spec, impl, u):
-    """Which stiffness kernel ``impl`` resolves to for this problem (for the record)."""
-    from .operators.fused import _default_interpret, fused_supported
-
-    if spec.operator != "stiffness" or spec.quadrature != "gll":
-        return "einsum"
-    if impl == "auto":
-        return "pallas" if (not _default_interpret() and fused_supported(u)) else "einsum"
-    return impl
+def _impl_used(spec, impl, u, J=None):
+    """Which kernel ``impl`` resolves to for this problem (for the record): "einsum" or "pallas"."""
+    return bk_impl(spec, u, J, impl)
 
 
 def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: str = "auto") -> dict:
     """Time BK ``spec`` on an existing discretization ``sem`` (see :func:`bench_bk`).
 
-    ``impl``: BK5/BK6 kernel — ``"auto"`` (fused Pallas on GPU), ``"einsum"``, ``"pallas"``.
+    ``impl``: ``"auto"`` (fused Pallas on GPU), ``"einsum"``, ``"pallas"``/``"fused"``.
     """
     shape = ((3,) if spec.components == 3 else ()) + sem.mask.shape
     dt = sem.x.dtype
@@ -254,7 +262,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: st
     points = E * sem.order**3
     dofs = spec.components * points
     return dict(
-        problem=f"bk{spec.number}", impl=_impl_used(spec, impl, u), order=sem.order, num_elements=E,
+        problem=f"bk{spec.number}", impl=_impl_used(spec, impl, u, sem.J), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(dt).name,
         iterations=1, repeats=repeats, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs / seconds,
@@ -273,6 +281,7 @@ def bench_bp(
     deform: float = 0.1,
     bandwidth: float | None = None,
     progress: Callable[[str], None] | None = None,
+    impl: str = "auto",
 ) -> dict:
     """Time ``iterations`` Jacobi-PCG iterations of BPk, compiled as one function.
 
@@ -285,18 +294,30 @@ def bench_bp(
     Returns the keys of :func:`bench_bk` (with ``iterations`` the count PCG
     performed and ``dofs_per_second = dofs · iterations / seconds``) plus
     ``converged`` (None: no stopping test in fixed-iteration mode) and
-    ``residual_reduction`` (‖r‖/‖b‖ after the run).
+    ``residual_reduction`` (‖r‖/‖b‖ after the run). ``impl``: as in :func:`bench_bk`.
     """
     iterations = _check_positive_int(iterations, "iterations")
     repeats = _check_positive_int(repeats, "repeats")
-    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
+    impl = _check_impl(impl)
+    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress,
+                                      impl=impl)
     return _bench("bp", k, order, elements, dtype, deform, bandwidth, progress, timer)
+
+
+def bp_operator(spec, sem, impl: str = "auto"):
+    """BP ``spec``'s assembled operator u ↦ mask·QQᵀ A_e u with BK ``spec``'s kernel ``impl``.
+
+    The same map as ``poisson.operator(sem, *poisson.coefficients(k))`` (h₁, h₂ ∈ {0, 1}),
+    with every BK, not only BK5/BK6, able to run its fused kernel.
+    """
+    return lambda u: sem.mask * sem.dssum(bk_apply(spec, u, sem.J, sem.Dt, sem.geom.G, sem.geom.B, impl=impl))
 
 
 def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, impl: str = "auto") -> dict:
     """Time ``iterations`` PCG iterations of BP ``spec`` on ``sem`` (see :func:`bench_bp`).
 
     ``sem`` must carry BP ``spec``'s quadrature and boundary conditions.
+    ``impl``: the element operator's kernel (:func:`bp_operator`).
     """
     k = spec.number
     h1, h2 = poisson.coefficients(k)
@@ -306,8 +327,9 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, i
     jax.block_until_ready(args)
 
     def run(sem, b, dinv):
-        A = poisson.operator(sem, h1, h2, impl=impl)
-        return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
+        A = bp_operator(spec, sem, impl)
+        dots = weighted_dots(sem.mult, lambda s: allreduce_sum(s, sem.comm))  # sem.dots, one reduction
+        return pcg(A, b, dot=sem.dot, dots=dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     _note(progress, "compiling...")
     t0 = time.perf_counter()
@@ -324,7 +346,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, i
     dofs = spec.components * points
     r0 = float(info.residual0)
     return dict(
-        problem=f"bp{k}", impl=_impl_used(spec, impl, b), order=sem.order, num_elements=E,
+        problem=f"bp{k}", impl=_impl_used(spec, impl, b, sem.J), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

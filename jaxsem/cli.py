@@ -120,6 +120,9 @@ def _build_parser() -> _Parser:
                    help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
     b.add_argument("--bandwidth", default=None, metavar="GBPS",
                    help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
+    b.add_argument("--impl", choices=("auto", "einsum", "fused"), default="auto",
+                   help="element kernel: fused Pallas on a GPU and einsum elsewhere (auto, default), "
+                        "or force one")
     common(b)
 
     i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")
@@ -510,7 +513,7 @@ def main(argv=None) -> int:
                 bw = measure_bandwidth()
             kw = {} if args.repeats is None else dict(repeats=args.repeats)
             result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
-                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, **kw)
+                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, impl=args.impl, **kw)
             result.update(_env())
             text = _report_bench(result)
             code = 0

@@ -141,6 +141,20 @@ def test_bench_json(capsys):
     assert r["percent_of_ceiling"] == pytest.approx(100 * r["dofs_per_second"] * r["bytes_per_dof"] / 100e9)
 
 
+@pytest.mark.parametrize("impl,ran", [("auto", "einsum"), ("einsum", "einsum"), ("fused", "pallas")])
+def test_bench_impl_switch(capsys, impl, ran):
+    """--impl picks the element kernel; on a CPU "auto" is the einsum chain, "fused" the Pallas
+    kernel in interpret mode — and both give the same residual history."""
+    argv = ["bench", "bp5", "--order", "2", "--elements", "1", "1", "2", "--iterations", "3",
+            "--repeats", "1", "--impl", impl, "--json", "-q"]
+    assert cli.main(argv) == 0
+    r, _ = _json(capsys)
+    assert r["impl"] == ran and r["iterations"] == 3
+    ref = cli.main(argv[:-4] + ["--impl", "einsum", "--json", "-q"])
+    r_ref, _ = _json(capsys)
+    assert ref == 0 and r["residual_reduction"] == pytest.approx(r_ref["residual_reduction"], rel=1e-12)
+
+
 def test_info_json(capsys):
     assert cli.main(["info", "--json"]) == 0
     r, _ = _json(capsys)

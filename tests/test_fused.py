@@ -103,3 +103,100 @@ def test_vjp_is_the_operator_and_matches_reference():
     # second order through the custom VJP: d/du of <A u, A u>/2 = A A u
     h = jax.grad(lambda u: 0.5 * jnp.sum(stiffness_gll_fused(u, D, G, interpret=INTERPRET) ** 2))(u)
     assert _rel(h, stiffness_gll(stiffness_gll(u, D, G), D, G)) < 1e-12
+
+
+# ----------------------------------------------------------------------------- Gauss kernels, vectors, bk_apply
+
+from jaxsem import geometry as geo
+from jaxsem.operators import BK_SPECS, bk_apply, mass, stiffness
+from jaxsem.operators.bk import bk_impl
+from jaxsem.operators.fused import (
+    _gauss_apply, default_config_gauss, gauss_fused_supported, mass_auto, mass_fused, stiffness_auto, stiffness_fused,
+)
+
+
+def _gauss_inputs(seed, E, p, comps=None, dtype=jnp.float64):
+    rng = np.random.default_rng(seed)
+    Q = geo.quadrature(p, "gauss")
+    n, q = p + 1, p + 2
+    u = jnp.asarray(rng.standard_normal(((comps,) if comps else ()) + (E, n, n, n)), dtype)
+    B = jnp.asarray(rng.standard_normal((E, q, q, q)), dtype)
+    G = jnp.asarray(rng.standard_normal((6, E, q, q, q)), dtype)
+    return u, jnp.asarray(Q.J, dtype), jnp.asarray(Q.Dt, dtype), B, G
+
+
+# (op, p, components, E, config): k padding of the u tile (p = 3, eb = 2: NK = 8 > NP = 4),
+# a ragged last block (E = 5, eb = 4), the component loop (B/G read once per element).
+GAUSS_CASES = [
+    ("mass", 3, 3, 3, FusedConfig("chunk", 2, 4)),
+    ("stiffness", 3, None, 3, FusedConfig("chunk", 2, 4)),
+    ("stiffness", 2, 3, 5, FusedConfig("chunk", 4, 4)),
+]
+
+
+@pytest.mark.parametrize("op, p, comps, E, cfg", GAUSS_CASES, ids=lambda x: str(x))
+def test_gauss_fused_matches_einsum_fp64(op, p, comps, E, cfg):
+    u, J, Dt, B, G = _gauss_inputs(10 * p + E, E, p, comps)
+    data = B if op == "mass" else G
+    ref = mass(u, J, B) if op == "mass" else stiffness(u, J, Dt, G)
+    w = _gauss_apply(u, J, Dt, data, op, cfg, INTERPRET, poison=jnp.nan)
+    assert not bool(jnp.isnan(w).any())
+    assert w.shape == ref.shape and w.dtype == jnp.float64
+    assert _rel(w, ref) < 1e-13
+
+
+def test_bk6_is_one_kernel_with_g_read_once():
+    u, D, G = _inputs(21, 3, 4)
+    u3 = jnp.stack([u, -2 * u, u * u])
+    w = _fused_apply(u3, D, G, FusedConfig("chunk", 2, 4), INTERPRET, poison=jnp.nan)
+    assert w.shape == u3.shape and not bool(jnp.isnan(w).any())
+    assert _rel(w, stiffness_gll(u3, D, G)) < 1e-13
+    jaxpr = str(jax.make_jaxpr(lambda u: stiffness_gll_fused(u, D, G, interpret=INTERPRET))(u3))
+    assert jaxpr.count("pallas_call") == 1
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_bk_apply_fused_matches_einsum(k):
+    spec = BK_SPECS[k]
+    p = 2
+    Q = geo.quadrature(p, spec.quadrature)
+    q = Q.J.shape[0]
+    rng = np.random.default_rng(k)
+    u = jnp.asarray(rng.standard_normal(((3,) if spec.components == 3 else ()) + (2, p + 1, p + 1, p + 1)))
+    G = jnp.asarray(rng.standard_normal((6, 2, q, q, q)))
+    B = jnp.asarray(rng.standard_normal((2, q, q, q)))
+    J, Dt = jnp.asarray(Q.J), jnp.asarray(Q.Dt)
+    ref = bk_apply(spec, u, J, Dt, G, B, impl="einsum")
+    w = bk_apply(spec, u, J, Dt, G, B, impl="fused")
+    assert _rel(w, ref) < 1e-13
+    assert bk_impl(spec, u, J, "fused") == "pallas" and bk_impl(spec, u, J, "einsum") == "einsum"
+    assert bk_impl(spec, u, J, "auto") == ("einsum" if INTERPRET else "pallas")
+
+
+def test_gauss_vjp_and_entry_points():
+    u, J, Dt, B, G = _gauss_inputs(5, 2, 2)
+    v = jnp.asarray(np.random.default_rng(6).standard_normal(u.shape))
+    f = lambda u, J, Dt, G: jnp.vdot(v, stiffness_fused(u, J, Dt, G, interpret=INTERPRET))
+    f_ref = lambda u, J, Dt, G: jnp.vdot(v, stiffness(u, J, Dt, G))
+    got = jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))(u, J, Dt, G)
+    want = jax.grad(f_ref, argnums=(0, 1, 2, 3))(u, J, Dt, G)
+    for a, b in zip(got, want):
+        assert _rel(a, b) < 1e-13
+    assert _rel(got[0], stiffness(v, J, Dt, G)) < 1e-13  # symmetric: the u-gradient is A v
+    gm = jax.grad(lambda u, B: jnp.vdot(v, mass_fused(u, J, B, 0.5, interpret=INTERPRET)), argnums=(0, 1))(u, B)
+    gr = jax.grad(lambda u, B: jnp.vdot(v, mass(u, J, B, 0.5)), argnums=(0, 1))(u, B)
+    assert _rel(gm[0], gr[0]) < 1e-13 and _rel(gm[1], gr[1]) < 1e-13
+    # FP32 and the selectors (einsum on CPU for "auto")
+    u32, J32, Dt32, _, G32 = _gauss_inputs(5, 2, 2, dtype=jnp.float32)
+    w32 = stiffness_fused(u32, J32, Dt32, G32, interpret=INTERPRET)
+    assert w32.dtype == jnp.float32
+    assert _rel(w32, stiffness(u, J, Dt, G32.astype(jnp.float64))) < 1e-5
+    assert _rel(stiffness_auto(u, J, Dt, G, 2.0, impl="auto"), stiffness(u, J, Dt, G, 2.0)) < 1e-13
+    assert _rel(mass_auto(u, J, B, impl="einsum"), mass(u, J, B)) < 1e-13
+    with pytest.raises(ValueError, match="impl"):
+        mass_auto(u, J, B, impl="cuda")
+    with pytest.raises(ValueError, match="elements_per_block"):
+        stiffness_fused(u, J, Dt, G, elements_per_block=1)  # eb·QP = 4 < 16
+    assert gauss_fused_supported(u, J) and not gauss_fused_supported(u, jnp.zeros((17, 3)))
+    cfg = default_config_gauss(8, 9)
+    assert (cfg.elements_per_block, cfg.num_warps) == (1, 8)

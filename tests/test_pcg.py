@@ -7,6 +7,7 @@ from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.solvers import pcg
+from jaxsem.solvers.pcg import weighted_dots
 
 
 def _spd(n, seed=0):
@@ -121,3 +122,21 @@ def test_single_reduction_cg_has_the_classic_iterates():
 def test_bad_method():
     with pytest.raises(ValueError, match="method"):
         pcg(lambda v: v, jnp.ones(3), dot=jnp.vdot, method="pipelined-magic")
+
+
+def test_weighted_dots_is_one_reduction_with_the_same_iterates():
+    mesh = box_mesh((2, 2, 2), order=3, deform=0.1)
+    sem = poisson.bp_discretize(mesh, 5)
+    b = poisson.load(sem, poisson.manufactured(5).f)
+    dinv = poisson.jacobi(sem)
+    A = poisson.operator(sem)
+    dots = weighted_dots(sem.mult)
+    r = b + 0.5 * dinv
+    np.testing.assert_allclose(dots([(r, dinv * r), (r, r)]), sem.dots([(r, dinv * r), (r, r)]), rtol=1e-13)
+    run = lambda d: jax.jit(lambda b: pcg(A, b, dot=sem.dot, dots=d, precond=lambda r: dinv * r, tol=0.0, maxiter=12))(b)
+    (x1, i1), (x2, i2) = run(sem.dots), run(dots)
+    assert float(jnp.abs(x1 - x2).max() / jnp.abs(x1).max()) < 1e-12
+    np.testing.assert_allclose(i1.history, i2.history, rtol=1e-11)
+    # (r, M r) and (r, r): one reduce instruction in the compiled body
+    hlo = jax.jit(lambda r: dots([(r, dinv * r), (r, r)])).lower(r).as_text()
+    assert hlo.count("stablehlo.reduce") == 1

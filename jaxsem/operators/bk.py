@@ -10,15 +10,17 @@
 | 6  | 3-vector | stiffness | q = N + 1 GLL        |
 
 A BK applies the unassembled element operator to an E-vector: no gather–scatter.
+Every BK has an einsum reference and a fused Pallas kernel
+(:mod:`jaxsem.operators.fused`); ``bk_apply(..., impl)`` chooses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .mass import mass, mass_diagonal
-from .fused import stiffness_gll_auto
-from .stiffness import stiffness, stiffness_diagonal, stiffness_gll
+from .fused import _resolve, fused_supported, gauss_fused_supported, mass_auto, stiffness_auto, stiffness_gll_auto
+from .mass import mass_diagonal
+from .stiffness import stiffness_diagonal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +56,22 @@ def bk_apply(spec: BKSpec, u, J, Dt, G, B, impl: str = "einsum"):
 
     ``J, Dt: (q, n)`` from :func:`jaxsem.geometry.quadrature`; ``G: (6, E, q, q, q)``,
     ``B: (E, q, q, q)`` from :func:`jaxsem.geometry.geometric_factors`.
-    ``impl`` (BK5/BK6 only): ``"einsum"`` reference, ``"pallas"`` fused kernel,
-    or ``"auto"`` (Pallas on GPU) — see :mod:`jaxsem.operators.fused`.
+    ``impl``: ``"einsum"`` reference, ``"pallas"`` (or ``"fused"``) fused kernel,
+    or ``"auto"`` (fused on GPU for supported shapes) — see :mod:`jaxsem.operators.fused`.
+    The vector kernels (BK2/4/6) are one kernel call reading B or G once.
     """
     if spec.operator == "mass":
-        return mass(u, J, B)
+        return mass_auto(u, J, B, impl=impl)
     if spec.quadrature == "gll":
         return stiffness_gll_auto(u, Dt, G, impl=impl)
-    return stiffness(u, J, Dt, G)
+    return stiffness_auto(u, J, Dt, G, impl=impl)
+
+
+def bk_impl(spec: BKSpec, u, J, impl: str = "einsum") -> str:
+    """What ``impl`` resolves to for ``spec`` on these shapes here: ``"einsum"`` or ``"pallas"``."""
+    if spec.quadrature == "gll" and spec.operator == "stiffness":
+        return _resolve(impl, "stiffness_gll", fused_supported(u))
+    return _resolve(impl, spec.operator, gauss_fused_supported(u, J))
 
 
 def bk_diagonal(spec: BKSpec, J, Dt, G, B):

@@ -57,10 +57,12 @@ try:  # Triton-specific API (jax >= 0.4.3x); absent on some builds
 except ImportError:  # pragma: no cover
     plgpu = None
 
-from .stiffness import stiffness_gll
+from .mass import mass
+from .stiffness import stiffness, stiffness_gll
 
 __all__ = ["FusedConfig", "DEFAULT_CONFIG", "stiffness_gll_fused", "stiffness_gll_auto",
-           "fused_supported", "default_config"]
+           "fused_supported", "default_config", "mass_fused", "stiffness_fused", "mass_auto",
+           "stiffness_auto", "gauss_fused_supported", "default_config_gauss", "AUTO_FUSED"]
 
 VARIANTS = ("chunk", "kron", "mixed", "bcast")
 MAX_N = 16  # n = p + 1 ≤ 16 (p ≤ 15); larger tiles do not fit in registers
@@ -247,7 +249,11 @@ def _compute_bcast(u, load_g, Dp):
     return w
 
 
-def _make_kernel(E, n, NP, eb, variant, poison=False, programs=0, precision=lax.Precision.HIGHEST):
+def _make_kernel(E, n, NP, eb, variant, poison=False, programs=0, precision=lax.Precision.HIGHEST,
+                 comps=1):
+    """The BK5 kernel body; ``comps > 1`` (BK6): u and w hold ``comps`` stacked
+    components (``(comps·E, …)``), each block computes them one after the other
+    with the same G tile (re-loads of G hit the cache: G leaves DRAM once)."""
     pow2 = n == NP
     n3 = n ** 3
     bcast = variant == "bcast"
@@ -255,7 +261,7 @@ def _make_kernel(E, n, NP, eb, variant, poison=False, programs=0, precision=lax.
     tile = (eb, NP, NP, NP) if bcast else (R, C)
 
     # flat gather offsets reach 6·E·n³: 64-bit beyond int32 (needs jax_enable_x64)
-    idx = jnp.int64 if 6 * E * n3 >= 2**31 else jnp.int32
+    idx = jnp.int64 if max(6, comps) * E * n3 >= 2**31 else jnp.int32
 
     def gather_offsets(e0):
         """Flat offsets and validity of the padded tile (n not a power of two)."""
@@ -299,26 +305,40 @@ def _make_kernel(E, n, NP, eb, variant, poison=False, programs=0, precision=lax.
         e0 = jnp.minimum(b * eb, E - eb)  # last block shifted back: no ragged tail
         if pow2:
             sl = pl.ds(e0, eb) if bcast else pl.ds(e0 * n, R)
-            u = u_ref[sl]
             load_g = lambda a: g_ref[a, sl]
         else:
             off, valid = gather_offsets(e0)
             offc = jnp.where(valid, off, 0)  # in bounds everywhere; padding zeroed below
             zero = jnp.zeros(tile, o_ref.dtype)
-            u = jnp.where(valid, u_ref[offc], zero)
             load_g = lambda a: jnp.where(valid, g_ref[offc + a * (E * n3)], zero)
-        if bcast:
-            w = _compute_bcast(u, load_g, mats[0])
-        else:
-            w = _compute_dots(u, load_g, mats, NP, eb, variant, precision)
-        w = w.astype(o_ref.dtype)
-        if pow2:
-            if bcast:
-                o_ref[pl.ds(e0, eb)] = w
+        def component(comp):
+            if pow2:
+                # component comp starts comp·E elements (comp·E·n rows) further on
+                if comps == 1:
+                    slc = sl
+                else:
+                    slc = pl.ds(e0 + comp * E, eb) if bcast else pl.ds(e0 * n + comp * (E * n), R)
+                u = u_ref[slc]
             else:
-                o_ref[pl.ds(e0 * n, R), :] = w
-        else:
-            _masked_store(o_ref, off, w, valid)
+                base = comp.astype(idx) * (E * n3) if comps > 1 else 0
+                u = jnp.where(valid, u_ref[offc + base] if comps > 1 else u_ref[offc], zero)
+            if bcast:
+                w = _compute_bcast(u, load_g, mats[0])
+            else:
+                w = _compute_dots(u, load_g, mats, NP, eb, variant, precision)
+            w = w.astype(o_ref.dtype)
+            if pow2:
+                if bcast:
+                    o_ref[slc] = w
+                else:
+                    o_ref[slc, :] = w
+            else:
+                _masked_store(o_ref, off + base if comps > 1 else off, w, valid)
+
+        if comps == 1:
+            component(0)
+        else:  # a loop, not unrolled: one component's temporaries live at a time
+            lax.fori_loop(0, comps, lambda c, carry: (component(c), carry)[1], 0)
 
     return kernel
 
@@ -330,22 +350,31 @@ def _masked_store(ref, off, val, mask):
         pl.store(ref, (off,), val, mask=mask)
 
 
+def _pad_elements(x, E, Ep, axis):
+    """Zero-pad the element axis of ``x`` from E to Ep (tiny meshes: one full block)."""
+    if Ep == E:
+        return x
+    shape = list(x.shape)
+    shape[axis] = Ep - E
+    return jnp.concatenate([x, jnp.zeros(shape, x.dtype)], axis=axis)
+
+
 def _fused_apply(u, D, G, cfg: FusedConfig, interpret: bool, poison=None):
-    """One pallas_call on ``u: (E, n, n, n)``.
+    """One pallas_call on ``u: (E, n, n, n)`` or ``(C, E, n, n, n)`` (C components, one G read).
 
     ``poison``: an optional fill value (e.g. NaN) for the output buffer before
     the kernel runs (aliased in and out), so unwritten points show up in tests.
     """
-    E, n = u.shape[0], u.shape[-1]
+    vector = u.ndim == 5
+    if not vector:
+        u = u[None]
+    C, E, n = u.shape[0], u.shape[1], u.shape[-1]
     dtype = u.dtype
     NP = max(4, _np2(n))
     eb = cfg.elements_per_block
     G = G.astype(dtype)
-    Ep = E
-    if E < eb:  # tiny meshes: pad to one full block (cheap at this size)
-        Ep = eb
-        u = jnp.concatenate([u, jnp.zeros((eb - E,) + u.shape[1:], dtype)])
-        G = jnp.concatenate([G, jnp.zeros((6, eb - E) + G.shape[2:], dtype)], axis=1)
+    Ep = max(E, eb)  # tiny meshes: pad to one full block (cheap at this size)
+    u, G = _pad_elements(u, E, Ep, 1), _pad_elements(G, E, Ep, 1)
     mats = _matrices(D, NP, eb, cfg.variant, dtype)
     precision = lax.Precision.HIGHEST
     if cfg.dot_precision == "tf32x3" and dtype == jnp.float32 and not interpret:
@@ -353,15 +382,15 @@ def _fused_apply(u, D, G, cfg: FusedConfig, interpret: bool, poison=None):
     pow2 = n == NP
     if pow2:
         if cfg.variant == "bcast":
-            ui, gi = u, G
+            ui, gi = u.reshape((C * Ep, n, n, n)), G
         else:
-            ui, gi = u.reshape(Ep * n, n * n), G.reshape(6, Ep * n, n * n)
+            ui, gi = u.reshape(C * Ep * n, n * n), G.reshape(6, Ep * n, n * n)
     else:
         ui, gi = u.reshape(-1), G.reshape(-1)
     nblocks = pl.cdiv(Ep, eb)
     programs = cfg.programs or cfg.programs_per_sm * (_sm_count() if not interpret else 1)
     programs = min(programs, nblocks)
-    kernel = _make_kernel(Ep, n, NP, eb, cfg.variant, poison is not None, programs, precision)
+    kernel = _make_kernel(Ep, n, NP, eb, cfg.variant, poison is not None, programs, precision, comps=C)
     kw = {}
     extra = ()
     if poison is not None:
@@ -374,19 +403,20 @@ def _fused_apply(u, D, G, cfg: FusedConfig, interpret: bool, poison=None):
         out_shape=jax.ShapeDtypeStruct(ui.shape, dtype),
         grid=(programs or nblocks,),
         interpret=interpret,
-        name=f"bk5_{cfg.variant}_n{n}_eb{eb}",
+        name=f"bk{6 if C > 1 else 5}_{cfg.variant}_n{n}_eb{eb}",
         **kw,
     )(ui, gi, *mats, *extra)
-    w = out.reshape((Ep, n, n, n))
-    return w[:E] if Ep != E else w
+    w = out.reshape((C, Ep, n, n, n))[:, :E]
+    return w if vector else w[0]
 
 
 def _apply_batched(u, D, G, cfg, interpret):
+    """Leading axes of ``u`` become components of one kernel call (G read once for all)."""
     lead = u.shape[:-4]
     if not lead:
         return _fused_apply(u, D, G, cfg, interpret)
     flat = u.reshape((-1,) + u.shape[-4:])
-    return jnp.stack([_fused_apply(x, D, G, cfg, interpret) for x in flat]).reshape(u.shape)
+    return _fused_apply(flat, D, G, cfg, interpret).reshape(u.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -446,12 +476,348 @@ def stiffness_gll_fused(u, D, G, h1=None, *, interpret=None, elements_per_block=
 
 def stiffness_gll_auto(u, D, G, h1=None, impl: str = "auto", **kw):
     """BK5 stiffness with the implementation chosen: ``"einsum"`` (reference),
-    ``"pallas"`` (:func:`stiffness_gll_fused`) or ``"auto"``: Pallas on GPU
+    ``"pallas"`` or ``"fused"`` (:func:`stiffness_gll_fused`) or ``"auto"``: Pallas on GPU
     for supported shapes/dtypes, the einsum reference otherwise (CPU)."""
-    if impl not in ("auto", "einsum", "pallas"):
-        raise ValueError(f"impl must be 'auto', 'einsum' or 'pallas', got {impl!r}")
-    if impl == "auto":
-        impl = "pallas" if (not _default_interpret() and fused_supported(u)) else "einsum"
-    if impl == "einsum":
+    if _resolve(impl, "stiffness_gll", fused_supported(u)) == "einsum":
         return stiffness_gll(u, D, G, h1)
     return stiffness_gll_fused(u, D, G, h1, **kw)
+
+
+# ============================================================================= Gauss (BK1–BK4)
+#
+# BK1/BK2 (mass) and BK3/BK4 (stiffness) on q = p + 2 Gauss points, one pallas_call,
+# same machinery as BK5: a tile of eb elements, rows (e, k), columns (j, i), n padded
+# to NP and q to QP (powers of two); every one-axis contraction is a small dot.
+#
+# * mass:      w = Jᵀ⊗Jᵀ⊗Jᵀ (B ⊙ (J⊗J⊗J) u)
+# * stiffness: u_q = (J⊗J⊗J) u, then the collocated derivative on the Gauss points,
+#   ur = (I⊗I⊗D_q) u_q, us, ut likewise, the G stage, the transposed derivatives and
+#   Jᵀ⊗Jᵀ⊗Jᵀ back (12 contractions instead of the reference's 16). D_q = Dt (JᵀJ)⁻¹Jᵀ
+#   satisfies D_q J = Dt exactly (J has full column rank), so the operator is the
+#   reference's in exact arithmetic (cond J ≈ 2.5 at p = 14: rounding ~1e-15).
+#
+# n and q are never both powers of two (q = n + 1), so one of u/w or B/G always moves
+# through masked gathers: one block per program, no persistent grid (the BK5
+# measurements: prefetch loses with gathers). Vector forms (BK2, BK4): the component
+# loop runs inside the program, so B/G leave DRAM once per element.
+
+GAUSS_OPS = ("mass", "stiffness")
+MAX_Q = 16  # q ≤ 16 (p ≤ 14); a 32³-point padded tile does not fit
+
+
+def default_config_gauss(n: int, q: int, dtype=jnp.float64) -> FusedConfig:
+    """Starting configuration for the Gauss kernels (compiled for sm_90 on CPU, not yet timed).
+
+    eb = 16 / QP elements per block (the smallest with the quadrature-side
+    products' K = eb·QP ≥ 16; the u tile's k axis is padded to 16/eb when
+    eb·NP < 16, see :func:`_kpad`); 4 warps up to a 2048-point quadrature tile
+    eb·QP³, else 8. Triton 3.6 for sm_90, FP64: no spills for p ≤ 7 (stiffness
+    p = 7: 255 registers), small spills at p = 11, heavy at p = 14.
+    """
+    QP = max(4, _np2(q))
+    eb = max(1, 16 // QP)
+    return FusedConfig("chunk", eb, 4 if eb * QP**3 <= 2048 else 8)
+
+
+def gauss_fused_supported(u, J=None) -> bool:
+    """Whether :func:`mass_fused` / :func:`stiffness_fused` handle these shapes/dtypes."""
+    if not fused_supported(u):
+        return False
+    n = u.shape[-1]
+    q = n + 1 if J is None else J.shape[0]
+    return (J is None or (J.ndim == 2 and J.shape[1] == n)) and 2 <= q <= MAX_Q
+
+
+def _check_config_gauss(cfg: FusedConfig, n: int, q: int):
+    if cfg.variant != "chunk":
+        raise ValueError(f"the Gauss kernels have variant 'chunk' only, got {cfg.variant!r}")
+    eb = cfg.elements_per_block
+    if eb < 1 or eb & (eb - 1):
+        raise ValueError(f"elements_per_block must be a power of two, got {eb}")
+    QP = max(4, _np2(q))
+    if eb * QP < 16:
+        raise ValueError(f"elements_per_block·QP must be >= 16 (QP = {QP}, eb = {eb})")
+    if cfg.programs or cfg.programs_per_sm:
+        raise ValueError("the Gauss kernels run one block per program (programs = programs_per_sm = 0)")
+    if cfg.dot_precision not in ("highest", "tf32x3"):
+        raise ValueError(f"dot_precision must be 'highest' or 'tf32x3', got {cfg.dot_precision!r}")
+
+
+def _kpad(NP: int, eb: int) -> int:
+    """k padding of the u tile: NP, or more when eb·NP < 16 (the FP64 dot needs K ≥ 16)."""
+    return max(NP, 16 // eb)
+
+
+def _chunk(m: int) -> int:
+    """Axis groups per row of a chunk product, so that its K = chunk·m is 16."""
+    return max(1, 16 // m)
+
+
+def _gauss_matrices(J, Dt, op, NP, QP, eb, dtype):
+    """(I_c ⊗ Jᵀ, I_c ⊗ J, I_eb ⊗ J, I_eb ⊗ Jᵀ[, the same four for D_q]), zero-padded."""
+    q, n = J.shape
+    NK = _kpad(NP, eb)
+    Jp = jnp.zeros((QP, NP), dtype).at[:q, :n].set(J.astype(dtype))
+    Jk = jnp.zeros((QP, NK), dtype).at[:q, :n].set(J.astype(dtype))  # along k (rows)
+    I = lambda m: jnp.eye(m, dtype=dtype)
+    c1, c2 = _chunk(NP), _chunk(QP)
+    mats = (jnp.kron(I(c1), Jp.T), jnp.kron(I(c2), Jp), jnp.kron(I(eb), Jk), jnp.kron(I(eb), Jk.T))
+    if op == "mass":
+        return mats
+    Jh, Dh = J.astype(dtype), Dt.astype(dtype)
+    Dq = Dh @ jnp.linalg.solve(Jh.T @ Jh, Jh.T)  # (q, q): D_q J = Dt
+    Dp = jnp.zeros((QP, QP), dtype).at[:q, :q].set(Dq)
+    return mats + (jnp.kron(I(c2), Dp.T), jnp.kron(I(c2), Dp), jnp.kron(I(eb), Dp), jnp.kron(I(eb), Dp.T))
+
+
+def _compute_gauss(U, load_d, mats, op, NP, QP, precision):
+    """Tile ``U: (eb·NK, NP²)`` rows (e, k), cols (j, i) → w tile, same layout (NK = :func:`_kpad`)."""
+    dot = functools.partial(_dot, precision=precision)
+
+    def rdot(X, B, NI, NO):  # contract the last axis (i, NI → NO) with B = I_c ⊗ M
+        R, C = X.shape
+        c = _chunk(NI)
+        return dot(X.reshape(R * (C // NI) // c, c * NI), B).reshape(R, (C // NI) * NO)
+
+    def sdot(X, B, NJ, NO):  # contract the middle axis (j, NJ → NO): swap (j, i), as r, swap back
+        R, C = X.shape
+        NI = C // NJ
+        c = _chunk(NJ)
+        Xt = jnp.transpose(X.reshape(R, NJ, NI), (0, 2, 1)).reshape(R * NI // c, c * NJ)
+        Y = dot(Xt, B).reshape(R, NI, NO)
+        return jnp.transpose(Y, (0, 2, 1)).reshape(R, NO * NI)
+
+    def tdot(X, K):  # K @ X (rows (e, k)), as (Xᵀ Kᵀ)ᵀ when the tile has fewer rows than columns
+        return dot(K, X) if X.shape[0] >= X.shape[1] else dot(X.T, K.T).T
+
+    Bf, Bb, Kf, Kb = mats[:4]
+    X = tdot(sdot(rdot(U, Bf, NP, QP), Bf, NP, QP), Kf)  # u on the quadrature points
+    if op == "mass":
+        X = load_d(0) * X
+    else:
+        Df, Db, Kdf, Kdb = mats[4:8]
+        ur, us, ut = rdot(X, Df, QP, QP), sdot(X, Df, QP, QP), tdot(X, Kdf)
+        g2, g4, g5 = load_d(2), load_d(4), load_d(5)
+        X = tdot(g2 * ur + g4 * us + g5 * ut, Kdb)
+        g0, g1 = load_d(0), load_d(1)
+        X = X + rdot(g0 * ur + g1 * us + g2 * ut, Db, QP, QP)
+        g3 = load_d(3)
+        X = X + sdot(g1 * ur + g3 * us + g4 * ut, Db, QP, QP)
+    return rdot(sdot(tdot(X, Kb), Bb, QP, NP), Bb, QP, NP)
+
+
+def _tile_offsets(idx, e0, eb, m, MP, MK=None):
+    """Flat offsets and validity of a padded ``(eb·MK, MP²)`` tile of an ``(E, m, m, m)`` array
+    (k padded to MK, default MP; j, i to MP)."""
+    MK = MK or MP
+    e0 = e0.astype(idx)
+    rr = lax.broadcasted_iota(idx, (eb * MK, 1), 0)
+    cc = lax.broadcasted_iota(idx, (1, MP * MP), 1)
+    e, k = rr // MK, rr % MK
+    j, i = cc // MP, cc % MP
+    off = (e0 + e) * m**3 + k * (m * m) + (j * m + i)
+    valid = (k < m) & ((j < m) & (i < m))
+    return off, valid
+
+
+def _make_gauss_kernel(E, n, q, NP, QP, eb, op, comps, precision):
+    NK = _kpad(NP, eb)  # rows of the u tile per element (k padded so that the t-product's K ≥ 16)
+    npow2, qpow2 = n == NP == NK, q == QP
+    n3, q3 = n**3, q**3
+    R, Rq = eb * NK, eb * QP
+    nfac = 1 if op == "mass" else 6
+    idx = jnp.int64 if max(comps * E * n3, nfac * E * q3) >= 2**31 else jnp.int32
+
+    def kernel(u_ref, d_ref, *refs):
+        *mat_refs, o_ref = refs
+        mats = [m[...] for m in mat_refs]
+        e0 = jnp.minimum(pl.program_id(0) * eb, E - eb)  # last block shifted back
+        dtype = o_ref.dtype
+        if qpow2:
+            slq = pl.ds(e0 * q, Rq)
+            load_d = (lambda a: d_ref[slq]) if op == "mass" else (lambda a: d_ref[a, slq])
+        else:
+            offq, validq = _tile_offsets(idx, e0, eb, q, QP)
+            offq = jnp.where(validq, offq, 0)
+            zq = jnp.zeros((Rq, QP * QP), dtype)
+            load_d = lambda a: jnp.where(validq, d_ref[offq + a * (E * q3) if a else offq], zq)
+        if not npow2:
+            off, valid = _tile_offsets(idx, e0, eb, n, NP, NK)
+            offc = jnp.where(valid, off, 0)
+            zn = jnp.zeros((R, NP * NP), dtype)
+        def component(comp):
+            if npow2:
+                sl = pl.ds(e0 * n + comp * (E * n), R) if comps > 1 else pl.ds(e0 * n, R)
+                u = u_ref[sl]
+            else:
+                base = comp.astype(idx) * (E * n3) if comps > 1 else 0
+                u = jnp.where(valid, u_ref[offc + base], zn)
+            w = _compute_gauss(u, load_d, mats, op, NP, QP, precision).astype(dtype)
+            if npow2:
+                o_ref[sl, :] = w
+            else:
+                _masked_store(o_ref, off + base, w, valid)
+
+        if comps == 1:
+            component(0)
+        else:  # a loop, not unrolled: one component's temporaries live at a time
+            lax.fori_loop(0, comps, lambda c, carry: (component(c), carry)[1], 0)
+
+    return kernel
+
+
+def _gauss_apply(u, J, Dt, data, op, cfg: FusedConfig, interpret: bool, poison=None):
+    """One pallas_call on ``u: (E, n, n, n)`` or ``(C, E, n, n, n)``; ``data``: B ``(E, q, q, q)``
+    (mass) or G ``(6, E, q, q, q)`` (stiffness)."""
+    vector = u.ndim == 5
+    if not vector:
+        u = u[None]
+    C, E, n = u.shape[0], u.shape[1], u.shape[-1]
+    q = J.shape[0]
+    dtype = u.dtype
+    NP, QP = max(4, _np2(n)), max(4, _np2(q))
+    eb = cfg.elements_per_block
+    data = data.astype(dtype)
+    if op == "mass":
+        data = data[None]
+    Ep = max(E, eb)
+    u, data = _pad_elements(u, E, Ep, 1), _pad_elements(data, E, Ep, 1)
+    mats = _gauss_matrices(J, Dt, op, NP, QP, eb, dtype)
+    precision = lax.Precision.HIGHEST
+    if cfg.dot_precision == "tf32x3" and dtype == jnp.float32 and not interpret:
+        precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    ui = u.reshape(C * Ep * n, n * n) if n == NP == _kpad(NP, eb) else u.reshape(-1)
+    if q == QP:
+        di = data.reshape(Ep * q, q * q) if op == "mass" else data.reshape(6, Ep * q, q * q)
+    else:
+        di = data.reshape(-1)
+    kernel = _make_gauss_kernel(Ep, n, q, NP, QP, eb, op, C, precision)
+    kw = {}
+    extra = ()
+    if poison is not None:
+        extra = (jnp.full(ui.shape, poison, dtype),)
+        kw["input_output_aliases"] = {2 + len(mats): 0}
+        inner = kernel
+        kernel = lambda u_ref, d_ref, *refs: inner(u_ref, d_ref, *refs[:len(mats)], refs[-1])
+    if not interpret and plgpu is not None:
+        kw["compiler_params"] = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(ui.shape, dtype),
+        grid=(pl.cdiv(Ep, eb),),
+        interpret=interpret,
+        name=f"bk{(1 if op == 'mass' else 3) + (C > 1)}_chunk_n{n}_q{q}_eb{eb}",
+        **kw,
+    )(ui, di, *mats, *extra)
+    w = out.reshape((C, Ep, n, n, n))[:, :E]
+    return w if vector else w[0]
+
+
+def _gauss_batched(u, J, Dt, data, op, cfg, interpret):
+    lead = u.shape[:-4]
+    if len(lead) <= 1:
+        return _gauss_apply(u, J, Dt, data, op, cfg, interpret)
+    flat = u.reshape((-1,) + u.shape[-4:])
+    return _gauss_apply(flat, J, Dt, data, op, cfg, interpret).reshape(u.shape)
+
+
+def _gauss_reference(u, J, Dt, data, op):
+    return mass(u, J, data) if op == "mass" else stiffness(u, J, Dt, data)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _gauss(u, J, Dt, data, op, cfg, interpret):
+    return _gauss_batched(u, J, Dt, data, op, cfg, interpret)
+
+
+def _gauss_fwd(u, J, Dt, data, op, cfg, interpret):
+    return _gauss_batched(u, J, Dt, data, op, cfg, interpret), (u, J, Dt, data)
+
+
+def _gauss_bwd(op, cfg, interpret, res, g):
+    u, J, Dt, data = res
+    gu = _gauss(g, J, Dt, data, op, cfg, interpret)  # symmetric element operator: Aᵀ g = A g
+    _, vjp = jax.vjp(lambda J_, Dt_, d_: _gauss_reference(u, J_, Dt_, d_, op), J, Dt, data)
+    return (gu,) + vjp(g)
+
+
+_gauss.defvjp(_gauss_fwd, _gauss_bwd)
+
+
+def _gauss_entry(name, u, J, Dt, data, op, interpret, config, over):
+    if not gauss_fused_supported(u, J):
+        raise ValueError(f"{name} supports u: (..., E, n, n, n), 2 <= n, q = J.shape[0] <= {MAX_Q}, "
+                         f"J: (q, n), float32/float64; got u {u.shape} {u.dtype}, J {J.shape}")
+    n, q = u.shape[-1], J.shape[0]
+    if config is None:
+        config = default_config_gauss(n, q, u.dtype)
+    config = dataclasses.replace(config, **{k: v for k, v in over.items() if v is not None})
+    _check_config_gauss(config, n, q)
+    if interpret is None:
+        interpret = _default_interpret()
+    J, Dt = J.astype(u.dtype), Dt.astype(u.dtype)
+    return _gauss(u, J, Dt, data.astype(u.dtype), op, config, bool(interpret))
+
+
+def mass_fused(u, J, B, h2=None, *, interpret=None, elements_per_block=None, num_warps=None,
+               num_stages=None, config=None):
+    """Fused BK1/BK2 mass ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (same result as :func:`mass`).
+
+    Args:
+      u: ``(E, n, n, n)`` or ``(C, E, n, n, n)`` (C components in one kernel, B read once).
+      J: ``(q, n)`` interpolation to the quadrature points (q ≤ 16). B: ``(E, q, q, q)``.
+      h2: optional coefficient, folded into B first.
+      interpret, elements_per_block, num_warps, num_stages, config: as
+        :func:`stiffness_gll_fused` (default :func:`default_config_gauss`).
+    """
+    if h2 is not None:
+        B = B * h2
+    over = dict(elements_per_block=elements_per_block, num_warps=num_warps, num_stages=num_stages)
+    return _gauss_entry("mass_fused", u, J, J, B, "mass", interpret, config, over)
+
+
+def stiffness_fused(u, J, Dt, G, h1=None, *, interpret=None, elements_per_block=None, num_warps=None,
+                    num_stages=None, config=None):
+    """Fused BK3/BK4 stiffness ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on Gauss points (as :func:`stiffness`).
+
+    Args:
+      u: ``(E, n, n, n)`` or ``(C, E, n, n, n)``. J, Dt: ``(q, n)`` (q ≤ 16).
+      G: ``(6, E, q, q, q)`` rr, rs, rt, ss, st, tt. h1: optional, folded into G.
+      others: as :func:`mass_fused`.
+    """
+    if h1 is not None:
+        G = G * h1
+    over = dict(elements_per_block=elements_per_block, num_warps=num_warps, num_stages=num_stages)
+    return _gauss_entry("stiffness_fused", u, J, Dt, G, "stiffness", interpret, config, over)
+
+
+# Operators "auto" sends to the fused kernels on a GPU. The Gauss kernels pass the
+# interpreter tests and lower to Triton IR on CPU but were not yet compiled on a GPU
+# when this was written: if one fails there, drop it from this set (auto → einsum).
+AUTO_FUSED = frozenset({"mass", "stiffness", "stiffness_gll"})
+
+IMPLS = ("auto", "einsum", "pallas", "fused")
+
+
+def _resolve(impl: str, operator: str, supported: bool) -> str:
+    """``impl`` → "einsum" or "pallas" ("fused" is an alias of "pallas")."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "pallas" if (not _default_interpret() and supported and operator in AUTO_FUSED) else "einsum"
+    return "pallas" if impl == "fused" else impl
+
+
+def mass_auto(u, J, B, h2=None, impl: str = "auto", **kw):
+    """BK1/BK2 mass: ``"einsum"`` (:func:`mass`), ``"pallas"``/``"fused"`` (:func:`mass_fused`)
+    or ``"auto"`` (fused on GPU for supported shapes, einsum otherwise)."""
+    if _resolve(impl, "mass", gauss_fused_supported(u, J)) == "einsum":
+        return mass(u, J, B, h2)
+    return mass_fused(u, J, B, h2, **kw)
+
+
+def stiffness_auto(u, J, Dt, G, h1=None, impl: str = "auto", **kw):
+    """BK3/BK4 stiffness on Gauss points, implementation chosen as :func:`mass_auto`."""
+    if _resolve(impl, "stiffness", gauss_fused_supported(u, J)) == "einsum":
+        return stiffness(u, J, Dt, G, h1)
+    return stiffness_fused(u, J, Dt, G, h1, **kw)

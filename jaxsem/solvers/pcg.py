@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["PCGInfo", "pcg", "linear_solve"]
+__all__ = ["PCGInfo", "pcg", "linear_solve", "weighted_dots"]
 
 
 class PCGInfo(NamedTuple):
@@ -38,6 +38,28 @@ class PCGInfo(NamedTuple):
     residual0: jax.Array
     converged: jax.Array
     history: jax.Array
+
+
+def weighted_dots(weight, allreduce: Callable | None = None) -> Callable:
+    """A ``dots`` for :func:`pcg`: ``[(u, v), …] ↦ (Σ u·v·weight, …)`` as *one* variadic reduction.
+
+    ``jnp.stack([jnp.sum(u * v * w) for …])`` is one reduction per pair, and XLA
+    (CPU always, GPU when its multi-output fusion declines) then reads the shared
+    operands once per pair and materializes z = M r between them; a single
+    ``lax.reduce`` over the tuple of products reads every operand once and fuses
+    the producers (r ← r − αw, z = M r) into the same pass. ``allreduce``: applied
+    to the ``(len(pairs),)`` local sums (e.g. ``lambda s: allreduce_sum(s, comm)``).
+    Same sums as the per-pair form up to summation order.
+    """
+    def dots(pairs):
+        prods = tuple(u * v * weight for u, v in pairs)
+        zeros = tuple(jnp.zeros((), x.dtype) for x in prods)
+        sums = lax.reduce(prods, zeros, lambda a, b: tuple(x + y for x, y in zip(a, b)),
+                          tuple(range(prods[0].ndim)))
+        local = jnp.stack(sums)
+        return local if allreduce is None else allreduce(local)
+
+    return dots
 
 
 def _safe_div(a, b):
@@ -101,16 +123,20 @@ def pcg(
         _, _, _, _, it, rn, _ = state
         return (it < maxiter) & (rn > target)
 
+    # Passes over the vectors per iteration (XLA fuses by dataflow; the grouping
+    # below is the minimum, experiments/NOTES_speed.md counts the bytes):
+    #   1. w = A p, then (p, w) — the operator's own passes, the dot fused into its output;
+    #   2. r ← r − αw with (r, M r) and (r, r) — one reduction (``dots``), z never stored;
+    #   3. x ← x + αp and p ← M r + βp — both read p once, after the reduction.
     def body(state):
         x, r, p, rz, it, _, hist = state
         w = A(p)
         alpha = _safe_div(rz, dot(p, w))
-        x = x + alpha * p
         r = r - alpha * w
-        z = M(r)
-        rz_new, rr = dots([(r, z), (r, r)])
+        rz_new, rr = dots([(r, M(r)), (r, r)])
         beta = _safe_div(rz_new, rz)
-        p = z + beta * p
+        x = x + alpha * p
+        p = M(r) + beta * p  # z = M r recomputed here rather than kept between passes
         rn = jnp.sqrt(rr)
         hist = hist.at[it + 1].set(rn)
         return x, r, p, rz_new, it + 1, rn, hist
