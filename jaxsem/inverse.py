@@ -1,4 +1,4 @@
-"""Parameter studies through elliptic solves: an adjoint that reports itself, and field parametrizations.
+"""Parameter studies: an elliptic adjoint that reports itself, point observations, field parametrizations.
 
 :func:`jaxsem.models.poisson.solve` is already differentiable: it wraps PCG in
 ``lax.custom_linear_solve``, so ``jax.grad`` runs one adjoint (transpose)
@@ -24,12 +24,20 @@ Only reverse mode: use :func:`jaxsem.models.poisson.solve` for ``jvp``.
 Field parametrizations for inverse problems: :func:`grid_field` (trilinear
 interpolation of values on a coarse uniform grid) and :func:`grid_gradient_penalty`
 (its discrete ∫|∇h|²).
+
+Point observations (time-domain problems, e.g. Maxwell): :func:`probe_nodes`
+picks the GLL node nearest each probe point (averaging its coincident copies,
+which a DG field holds once per element that shares the node) and
+:func:`sample` reads a field there — linear, so gradients flow through it;
+pass ``lambda q: sample(q, probes)`` as ``observe`` to
+:func:`jaxsem.timestepping.integrate` to record time series.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +49,7 @@ from .solvers.pcg import PCGInfo, pcg
 
 __all__ = [
     "AdjointNotConvergedWarning", "adjoint_probe", "adjoint_info", "solve",
-    "grid_field", "grid_gradient_penalty",
+    "grid_field", "grid_gradient_penalty", "Probes", "probe_nodes", "sample",
 ]
 
 
@@ -197,3 +205,51 @@ def grid_gradient_penalty(theta, lower=(0.0, 0.0, 0.0), upper=(1.0, 1.0, 1.0)):
     h = [(upper[d] - lower[d]) / (theta.shape[d] - 1) for d in range(3)]
     vol = h[0] * h[1] * h[2]
     return sum(jnp.sum((jnp.diff(theta, axis=d) / h[d]) ** 2) for d in range(3)) * vol
+
+
+class Probes(NamedTuple):
+    """Observation nodes of :func:`probe_nodes` for ``P`` probe points (K: most coincident copies).
+
+    ``index: (P, K)`` flat node indices into ``(E·n³)``; ``weight: (P, K)``
+    (each row sums to 1, 0 on padding); ``distance: (P,)`` from each probe
+    point to its node (length units of the coordinates).
+    """
+
+    index: np.ndarray
+    weight: np.ndarray
+    distance: np.ndarray
+
+
+def probe_nodes(x, points, tol: float = 1e-9) -> Probes:
+    """The node nearest each probe point, with all of its coincident copies (NumPy, host side).
+
+    ``x: (3, E, n, n, n)`` node coordinates (e.g. ``dg.x``); ``points: (P, 3)``.
+    A node on an element face, edge or vertex exists once per element sharing
+    it; every copy (within ``tol`` of the chosen node) gets the same weight,
+    so a discontinuous (DG) field is averaged over the elements that meet there.
+    Probes on element vertices are nodes of every order: data from one order
+    and a model of another observe the same points.
+    """
+    xs = np.asarray(x, np.float64).reshape(3, -1).T  # (E·n³, 3)
+    pts = np.asarray(points, np.float64)
+    if pts.ndim != 2 or pts.shape[1] != 3 or pts.shape[0] < 1 or not np.all(np.isfinite(pts)):
+        raise ValueError(f"points must be a (P, 3) array of finite coordinates, got shape {pts.shape}")
+    d = np.linalg.norm(xs[None, :, :] - pts[:, None, :], axis=-1)  # (P, E·n³)
+    nearest = xs[np.argmin(d, axis=1)]  # (P, 3): the chosen node; then all copies of it
+    near = np.linalg.norm(xs[None, :, :] - nearest[:, None, :], axis=-1) <= tol
+    dmin = np.linalg.norm(nearest - pts, axis=1)
+    K = int(near.sum(axis=1).max())
+    index = np.zeros((len(pts), K), np.int64)
+    weight = np.zeros((len(pts), K))
+    for p in range(len(pts)):
+        ids = np.nonzero(near[p])[0]
+        index[p, : len(ids)] = ids
+        weight[p, : len(ids)] = 1.0 / len(ids)
+    return Probes(index, weight, dmin)
+
+
+def sample(u, probes: Probes):
+    """Values of ``u: (..., E, n, n, n)`` at the probes: ``(..., P)`` (linear in ``u``)."""
+    flat = u.reshape(u.shape[:-4] + (-1,))
+    w = jnp.asarray(probes.weight, flat.dtype)
+    return jnp.sum(flat[..., jnp.asarray(probes.index)] * w, axis=-1)

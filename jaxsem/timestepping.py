@@ -13,9 +13,10 @@ Methods (``method=``):
 Two entry points:
 
 * :func:`integrate` — pure and differentiable: ``lax.scan`` over a static
-  number of steps, optional ``jax.checkpoint`` around chunks of steps
-  (memory ~ √steps for ``jax.grad`` through long runs), optional per-step
-  observations.
+  number of steps, optional per-step observations, and optional recomputed
+  chunks of steps (``checkpoint_every="sqrt"``: memory ~ √steps for
+  ``jax.grad`` through long runs, by ``jax.checkpoint`` or, where steps send
+  MPI messages, by an equivalent ``jax.custom_vjp``).
 * :func:`run` — the host-side driver: chunks of steps under ``jit``, a tqdm
   progress bar on stderr, NaN/Inf detection that names the step where the
   blow-up appeared (:class:`NonFiniteError`), refusal of a Δt above a given
@@ -52,6 +53,8 @@ __all__ = [
     "tableau",
     "rk_step",
     "integrate",
+    "checkpoint_chunk",
+    "REMATS",
     "run",
     "advance_fn",
     "RunInfo",
@@ -196,55 +199,151 @@ def integrate(
     *,
     t0=0.0,
     method: str = "lserk4",
-    checkpoint_every: int | None = None,
+    checkpoint_every: int | str | None = None,
+    remat: str = "auto",
     observe: Callable | None = None,
     loop_stages: bool = True,
 ):
-    """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit- and grad-friendly).
+    """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit-, vmap- and grad-friendly).
 
     Args:
-      f: right-hand side ``f(t, y)``.
-      y0: initial state (any pytree of arrays).
-      dt: step size (may be traced).
+      f: right-hand side ``f(t, y)``; it may close over traced parameters (ε, μ,
+        a velocity field …): ``jax.grad`` w.r.t. them runs backwards through the loop.
+      y0: initial state (any pytree of arrays, e.g. Maxwell's ``q: (6, E, n, n, n)``).
+      dt: step size (time units of ``f``; may be traced).
       num_steps: number of steps (static int ≥ 0).
       t0: initial time; step m starts at ``t0 + m·dt`` (no accumulated round-off).
       method: one of :data:`METHODS`.
-      checkpoint_every: if set, steps run in chunks of this many under
-        ``jax.checkpoint``: reverse mode stores one state per chunk and
-        recomputes inside it (memory ~ num_steps/chunk + chunk states).
+      checkpoint_every: memory of reverse mode (``jax.grad`` through the loop):
+
+        * ``None`` (default): one ``lax.scan``; reverse mode stores the
+          residuals of every step: memory ∝ ``num_steps``.
+        * an int ``c ≥ 1``: a segmented scan, an outer ``lax.scan`` over
+          ``num_steps // c`` chunks of an inner scan of ``c`` steps (the
+          ``num_steps % c`` remaining steps run plain after them). Reverse
+          mode stores one state per chunk and, chunk by chunk from the last,
+          recomputes the chunk's steps and their residuals: memory
+          ``num_steps / c`` states + ``c`` steps' residuals (r states each:
+          ~20 for Maxwell with LSERK4), for one extra forward pass of compute.
+        * ``"sqrt"``: ``c = ⌈√num_steps⌉`` (:func:`checkpoint_chunk`): memory
+          ∝ (1 + r)·√num_steps instead of r·num_steps.
+
+        Values and gradients do not depend on it (each step's arithmetic is
+        the same), only memory and time.
+      remat: how the chunks are recomputed (only with ``checkpoint_every``):
+
+        * ``"checkpoint"``: each chunk under ``jax.checkpoint``; forward mode
+          (``jvp``, Hessian–vector products) works too. JAX cannot
+          partially evaluate a checkpoint whose steps have ordered effects,
+          such as mpi4jax's messages in a distributed run.
+        * ``"custom_vjp"``: the same schedule written out as a ``jax.custom_vjp``
+          (the forward pass keeps the chunk-start states, the backward pass
+          re-runs each chunk under ``jax.vjp``); reverse mode only, and works
+          with ordered effects (distributed gradients through mpi4jax).
+        * ``"auto"`` (default): ``"custom_vjp"`` when a step has effects,
+          else ``"checkpoint"``.
       observe: optional ``observe(y) -> pytree``; evaluated after every step.
       loop_stages: run LSERK4's stages as a loop (see :func:`rk_step`): one copy
         of ``f`` in the program, so compiling (and differentiating) is ~5× cheaper.
 
-    Returns ``y`` at ``t0 + num_steps·dt``, or ``(y, obs)`` when ``observe`` is
-    given, ``obs`` stacked over steps (leading axis ``num_steps``).
+    Returns ``y`` at ``t0 + num_steps·dt`` (shaped like ``y0``), or ``(y, obs)``
+    when ``observe`` is given, ``obs`` stacked over steps (leading axis
+    ``num_steps``: ``obs[m]`` is ``observe`` of the state at ``t0 + (m+1)·dt``).
+
+    Raises ``ValueError`` for a bad ``method``, ``num_steps``, ``checkpoint_every`` or ``remat``.
     """
     tableau(method)
     num_steps = _check_steps(num_steps)
+    c = checkpoint_chunk(num_steps, checkpoint_every)
+    if remat not in REMATS:
+        raise ValueError(f"remat must be one of {REMATS}, got {remat!r}")
 
     def one(y, m):
         y = rk_step(f, t0 + m * dt, y, dt, method, loop_stages=loop_stages)
         return y, (observe(y) if observe is not None else None)
 
     steps = jnp.arange(num_steps)
-    if not checkpoint_every or checkpoint_every >= num_steps:
+    if c is None:
         y, obs = jax.lax.scan(one, y0, steps)
+        return (y, obs) if observe is not None else y
+
+    nchunk, rest = divmod(num_steps, c)
+    ms = steps[: nchunk * c].reshape(nchunk, c)
+    chunk = lambda y, ms: jax.lax.scan(one, y, ms)
+    if remat == "checkpoint":
+        y, obs = jax.lax.scan(jax.checkpoint(chunk), y0, ms)
+    else:
+        # The chunk as a function of its closed-over parameters too (ε, dt, …), traced once.
+        conv, consts = jax.closure_convert(chunk, y0, ms[0])
+        if remat == "auto" and not jax.make_jaxpr(conv)(y0, ms[0], *consts).effects:
+            y, obs = jax.lax.scan(jax.checkpoint(lambda y, m: conv(y, m, *consts)), y0, ms)
+        else:
+            y, obs = _segmented(conv, y0, ms, *consts)
+    obs = jax.tree_util.tree_map(lambda o: o.reshape((nchunk * c,) + o.shape[2:]), obs)
+    if rest:
+        y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
+        obs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), obs, obs2)
+    return (y, obs) if observe is not None else y
+
+
+REMATS = ("auto", "checkpoint", "custom_vjp")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _segmented(chunk, y0, ms, *consts):
+    """``lax.scan`` of ``chunk(y, ms[k], *consts) -> (y, obs)`` over the chunks ``ms: (K, c)``."""
+    return jax.lax.scan(lambda y, m: chunk(y, m, *consts), y0, ms)
+
+
+def _segmented_fwd(chunk, y0, ms, *consts):
+    def body(y, m):
+        y1, obs = chunk(y, m, *consts)
+        return y1, (y, obs)  # keep the chunk's start state, nothing of its inside
+
+    y, (starts, obs) = jax.lax.scan(body, y0, ms)
+    return (y, obs), (starts, ms, consts)
+
+
+def _segmented_bwd(chunk, res, ct):
+    starts, ms, consts = res
+    ybar, obsbar = ct
+
+    def body(carry, xs):
+        ybar, cbar = carry
+        y, m, ob = xs
+        # recompute this chunk (its residuals live only during this iteration) and pull back
+        _, pull = jax.vjp(lambda y, cs: chunk(y, m, *cs), y, consts)
+        ybar, cs_bar = pull((ybar, ob))
+        return (ybar, jax.tree_util.tree_map(jnp.add, cbar, cs_bar)), None
+
+    zero = jax.tree_util.tree_map(jnp.zeros_like, consts)
+    (y0bar, cbar), _ = jax.lax.scan(body, (ybar, zero), (starts, ms, obsbar), reverse=True)
+    return (y0bar, None, *cbar)
+
+
+_segmented.defvjp(_segmented_fwd, _segmented_bwd)
+
+
+def checkpoint_chunk(num_steps: int, checkpoint_every: int | str | None) -> int | None:
+    """Steps per ``jax.checkpoint`` chunk that :func:`integrate` uses, or ``None`` for a plain scan.
+
+    ``checkpoint_every``: ``None``, an int ≥ 1 or ``"sqrt"`` (``⌈√num_steps⌉``);
+    a chunk of ``num_steps`` or more (or fewer than 2 steps) is a plain scan.
+    Raises ``ValueError`` naming ``checkpoint_every`` for anything else.
+    """
+    num_steps = _check_steps(num_steps)
+    if checkpoint_every is None:
+        return None
+    if isinstance(checkpoint_every, str):
+        if checkpoint_every != "sqrt":
+            raise ValueError(f"checkpoint_every must be None, 'sqrt' or an int >= 1, got {checkpoint_every!r}")
+        c = math.isqrt(max(num_steps - 1, 0)) + 1  # ⌈√num_steps⌉ for num_steps ≥ 1
+    elif (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer))
+          or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be None, 'sqrt' or an int >= 1, got {checkpoint_every!r}")
     else:
         c = int(checkpoint_every)
-        if c < 1:
-            raise ValueError(f"checkpoint_every must be a positive int, got {checkpoint_every!r}")
-        nchunk, rest = divmod(num_steps, c)
-
-        @jax.checkpoint
-        def chunk(y, ms):
-            return jax.lax.scan(one, y, ms)
-
-        y, obs = jax.lax.scan(chunk, y0, steps[: nchunk * c].reshape(nchunk, c))
-        obs = jax.tree_util.tree_map(lambda o: o.reshape((nchunk * c,) + o.shape[2:]), obs)
-        if rest:
-            y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
-            obs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), obs, obs2)
-    return (y, obs) if observe is not None else y
+    return None if c >= num_steps or num_steps < 2 else c
 
 
 def _check_steps(num_steps):

@@ -61,6 +61,48 @@ def test_checkpointed_integrate_matches_and_differentiates():
     assert float(g0) == pytest.approx(float(fd), rel=1e-7)
 
 
+def test_both_remat_schedules_equal_the_plain_gradient():
+    """jax.checkpoint chunks and the custom_vjp chunks: the plain loop's values and gradients.
+
+    The loss depends on the final state, the per-step observations, a parameter
+    the right-hand side closes over, ``dt`` and ``y0``; 37 steps in chunks of
+    8 leave 5 plain steps, chunks of 36 leave 1; and it is batched (``vmap``).
+    Forward mode works through ``jax.checkpoint`` only (custom_vjp refuses it).
+    """
+
+    def loss(a, y0, dt, every, remat):
+        f = lambda t, y: a * (A @ y) + dt * jnp.sin(y + t)
+        y, obs = ts.integrate(f, y0, dt, 37, checkpoint_every=every, remat=remat, observe=lambda y: y[0] ** 2)
+        return jnp.sum(y**2) + jnp.sum(obs)
+
+    vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
+    v0, g0 = vg(1.3, Y0, 0.01, None, "auto")
+    for every, remat in ((8, "checkpoint"), (8, "custom_vjp"), (36, "custom_vjp")):
+        v, g = vg(1.3, Y0, 0.01, every, remat)
+        assert float(v) == pytest.approx(float(v0), rel=1e-14)
+        for a, b in zip(g, g0):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+    batch = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None, None, None, None)), static_argnums=(3, 4))
+    a = jnp.array([0.7, 1.3, 2.0])
+    np.testing.assert_allclose(batch(a, Y0, 0.01, 8, "custom_vjp"), batch(a, Y0, 0.01, None, "auto"), rtol=1e-12)
+    # forward over reverse (a Hessian–vector product) needs the jax.checkpoint schedule
+    hvp = lambda every: jax.jvp(jax.grad(lambda a: loss(a, Y0, 0.01, every, "auto")), (1.3,), (1.0,))[1]
+    assert float(hvp("sqrt")) == pytest.approx(float(hvp(None)), rel=1e-12)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(lambda a: loss(a, Y0, 0.01, 8, "custom_vjp"), (1.3,), (1.0,))
+
+
+def test_checkpoint_chunk_and_bad_arguments():
+    assert [ts.checkpoint_chunk(n, "sqrt") for n in (0, 1, 2, 3, 16, 17, 256)] == [None, None, None, 2, 4, 5, 16]
+    assert ts.checkpoint_chunk(37, 8) == 8 and ts.checkpoint_chunk(37, 37) is None
+    assert ts.checkpoint_chunk(37, None) is None
+    for bad in ("log", 0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="checkpoint_every"):
+            ts.integrate(f_lin, Y0, 0.1, 10, checkpoint_every=bad)
+    with pytest.raises(ValueError, match="remat"):
+        ts.integrate(f_lin, Y0, 0.1, 10, checkpoint_every=2, remat="scan")
+
+
 def test_observe_collects_per_step():
     y, obs = ts.integrate(f_lin, Y0, 0.1, 5, observe=lambda y: y[0], checkpoint_every=2)
     assert obs.shape == (5,) and float(obs[-1]) == float(y[0])
