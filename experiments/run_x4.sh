@@ -3,6 +3,7 @@
 # machine nvidia-h200-x4 (4x H200, Open MPI not CUDA-aware, jax with CUDA; mpi4jax built here from .carry/):
 #
 #   PART=bp5 bash experiments/run_x4.sh   -> $OUT/x4_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
+#   NGPU=8 adds the P = 8 stages (nvidia-h200-x8; not yet run: that kind was withheld)
 #   PART=dg  bash experiments/run_x4.sh   -> $OUT/x4_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
 #                                                                  mpi4jax host-staging variants)
 # Each stage has its own time limit and the results so far are packed on exit, so a slow stage costs
@@ -62,6 +63,11 @@ if [[ $PART == bp5 ]]; then
   stage mpi4 150 $MPI 4 $S --backend mpi --sizes $STRONG,$W4 --out $RES/bp5_mpi_P4.json
   stage mpi2 120 $MPI 2 $S --backend mpi --sizes $STRONG,$W2 --out $RES/bp5_mpi_P2.json
   stage shard_fused 150 $S --backend shard --impl auto --devices 1,2,4 --sizes $STRONG --out $RES/bp5_shard_fused.json
+  if [[ ${NGPU:-4} -ge 8 ]]; then  # nvidia-h200-x8: the P = 8 points (weak 9.9 M DOFs/GPU = 128x60x30)
+    W8=${W8:-128x60x30}
+    stage shard_8 240 $S --backend shard --devices 8 --sizes $STRONG,$W8 --out $RES/bp5_shard_P8.json
+    stage mpi8 200 $MPI 8 $S --backend mpi --sizes $STRONG,$W8 --out $RES/bp5_mpi_P8.json
+  fi
 fi
 
 if [[ $PART == dg ]]; then
@@ -76,6 +82,10 @@ if [[ $PART == dg ]]; then
   MX=${MX:-10x10x8,20x10x8,20x20x8,40x20x20,40x40x20}
   stage mx_shard 150 $D --model maxwell --backend shard --devices 1,2,4 --steps 20 --sizes $MX --out $RES/mx_shard.json
   stage mx_mpi4 100 $MPI 4 $D --model maxwell --backend mpi --steps 20 --sizes $MX --out $RES/mx_mpi_P4.json
+  if [[ ${NGPU:-4} -ge 8 ]]; then
+    stage mx_shard8 150 $D --model maxwell --backend shard --devices 8 --steps 20 --sizes $MX,40x20x8,40x40x40 --out $RES/mx_shard_P8.json
+    stage mx_mpi8 120 $MPI 8 $D --model maxwell --backend mpi --steps 20 --sizes $MX,40x20x8,40x40x40 --out $RES/mx_mpi_P8.json
+  fi
   stage ex_default 40 ex default
   stage ex_glibc_env 40 ex glibc_env MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824
   stage ex_mallopt 40 ex mallopt JAXSEM_MALLOPT=1
