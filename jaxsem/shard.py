@@ -191,6 +191,21 @@ def _device_mesh(devices, axis_name: str) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.asarray(devices), (axis_name,))
 
 
+def _mesh_and_partition(mesh: Mesh, devices, axis_name: str, partition):
+    """Validated ``(device_mesh, P, partition)``: every one of the P ranks gets ≥ 1 element."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    dmesh = _device_mesh(devices, axis_name)
+    P = dmesh.devices.size
+    part = partition_mesh(mesh, P) if partition is None else np.asarray(partition)
+    if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= P:
+        raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {P})")
+    empty = np.setdiff1d(np.arange(P), part)
+    if empty.size:
+        raise ValueError(f"ranks {empty.tolist()} have no elements in the partition")
+    return dmesh, P, part
+
+
 def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
                        **discretize_kwargs):
     """Discretize ``mesh`` over P devices of this process, as stacked, sharded rank parts.
@@ -217,16 +232,7 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
     """
     if "comm" in discretize_kwargs:
         raise TypeError("discretize_sharded sets 'comm' itself (ShardComm)")
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
-    dmesh = _device_mesh(devices, axis_name)
-    P = dmesh.devices.size
-    part = partition_mesh(mesh, P) if partition is None else np.asarray(partition)
-    if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= P:
-        raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {P})")
-    empty = np.setdiff1d(np.arange(P), part)
-    if empty.size:
-        raise ValueError(f"ranks {empty.tolist()} have no elements in the partition")
+    dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     if discretize_kwargs.get("numbering") is None:
         discretize_kwargs["numbering"] = number_nodes(mesh)
     sems = [discretize(mesh, comm=Comm(rank=r, size=P), partition=part, **discretize_kwargs) for r in range(P)]
@@ -287,16 +293,7 @@ def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", pa
     """
     from .dg import discretize_dg, face_connectivity
 
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
-    dmesh = _device_mesh(devices, axis_name)
-    P = dmesh.devices.size
-    part = partition_mesh(mesh, P) if partition is None else np.asarray(partition)
-    if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= P:
-        raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {P})")
-    empty = np.setdiff1d(np.arange(P), part)
-    if empty.size:
-        raise ValueError(f"ranks {empty.tolist()} have no elements in the partition")
+    dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     conn = face_connectivity(mesh)
     dgs = [discretize_dg(mesh, dtype=dtype, gs_layout=gs_layout, connectivity=conn, comm=Comm(rank=r, size=P),
                          partition=part) for r in range(P)]

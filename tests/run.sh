@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install jaxsem into ./.venv and run the whole test suite:
-#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi  [extra args]
+#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto  [extra args]
 #   2. MPI tests         mpirun -n 2 / -n 4 python -m pytest tests/mpi
-#   3. notebooks         python -m pytest --nbmake notebooks/   (if any exist)
+#   3. notebooks         python -m pytest -n auto --nbmake notebooks/   (if any exist)
 #
 # Usage (from anywhere):   bash tests/run.sh [extra pytest args for the serial stage]
 # Needs only Python >= 3.11 (with venv) and a C compiler; MPI (MPICH), mpi4py and
@@ -128,7 +128,10 @@ mpi_pytest() { # mpi_pytest NPROCS
     return $rc
 }
 
-run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi "$@"
+# Serial tests and notebooks on all cores (pytest-xdist; PYTEST_WORKERS=1 for one process):
+# most of their time is single-threaded XLA compilation.
+WORKERS="${PYTEST_WORKERS:-auto}"
+run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" "$@"
 run_stage "MPI tests, mpirun -n 2" mpi_pytest 2
 run_stage "MPI tests, mpirun -n 4" mpi_pytest 4
 
@@ -136,7 +139,7 @@ shopt -s nullglob
 notebooks=(notebooks/*.ipynb)
 shopt -u nullglob
 if ((${#notebooks[@]})); then
-    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks/
+    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --nbmake notebooks/
 else
     header "notebooks"
     echo "no notebooks/*.ipynb: skipped"
