@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import sys
 import time
 
@@ -47,9 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def parse_sizes(text):
-    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scaling import _timeit, parse_sizes  # noqa: E402  (same sizes syntax and timing as the BP5 study)
 
 
 def flops_per_step(model, order, E):
@@ -57,16 +55,6 @@ def flops_per_step(model, order, E):
     if model == "maxwell":
         return (180.0 * n1 + 420.0) * E * n1**3
     return 5.0 * ((12 * n1 + 17) * E * n1**3 + 12 * 6 * E * n1**2)
-
-
-def _timeit(fn, args, repeats):
-    jax.block_until_ready(fn(*args))
-    ts_ = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts_.append(time.perf_counter() - t)
-    return statistics.median(ts_)
 
 
 def schedule_evidence(hlo_text: str) -> dict:

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-__all__ = ["write_vtu", "vtu_cells", "vtu_points"]
+__all__ = ["write_vtu", "rank_path", "vtu_cells", "vtu_points"]
 
 
 def _coords(mesh_or_x) -> np.ndarray:
@@ -40,6 +40,13 @@ def vtu_cells(num_elements: int, n: int) -> np.ndarray:
     ], axis=-1).reshape(-1, 8)
     offsets = (np.arange(num_elements) * n**3)[:, None, None]
     return (local[None] + offsets).reshape(-1, 8).astype(np.int64)
+
+
+def rank_path(path: str, comm) -> str:
+    """``path`` on one process; ``PATH.rank{r}.vtu`` (``.vtu`` stripped first) on rank r of a distributed run."""
+    if getattr(comm, "size", 1) <= 1:
+        return path
+    return f"{path[:-4] if path.endswith('.vtu') else path}.rank{comm.rank}.vtu"
 
 
 def write_vtu(path, mesh_or_x, **fields) -> str:

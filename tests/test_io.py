@@ -33,3 +33,12 @@ def test_write_vtu_bad_field(tmp_path):
         io.write_vtu(tmp_path / "f.vtu", mesh, u=np.zeros(5))
     with pytest.raises(ValueError, match="coordinates"):
         io.write_vtu(tmp_path / "f.vtu", np.zeros((3, 2, 2)))
+
+
+def test_rank_path():
+    """One file per rank in a distributed run, the path itself on one process."""
+    from jaxsem.comm import Comm
+
+    assert io.rank_path("out/u.vtu", Comm()) == "out/u.vtu"
+    assert io.rank_path("out/u.vtu", Comm(rank=1, size=2)) == "out/u.rank1.vtu"
+    assert io.rank_path("out/u", Comm(rank=3, size=4)) == "out/u.rank3.vtu"

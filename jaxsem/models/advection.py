@@ -446,10 +446,9 @@ def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity
                     message=str(e))
     total = time.perf_counter() - tic
     if vtu:
-        from ..io import write_vtu
+        from ..io import rank_path, write_vtu
 
-        if dg.comm.size > 1:
-            vtu = f"{vtu[:-4] if vtu.endswith('.vtu') else vtu}.rank{dg.comm.rank}.vtu"
+        vtu = rank_path(vtu, dg.comm)
         note(f"advection: writing {vtu}")
         exact = gaussian(dg.x, t_final, velocity)
         write_vtu(vtu, dg, u=u, u_exact=exact)

@@ -472,10 +472,9 @@ def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: st
                     message=str(e))
     total = time.perf_counter() - tic
     if vtu:
-        from ..io import write_vtu
+        from ..io import rank_path, write_vtu
 
-        if dg.comm.size > 1:
-            vtu = f"{vtu[:-4] if vtu.endswith('.vtu') else vtu}.rank{dg.comm.rank}.vtu"
+        vtu = rank_path(vtu, dg.comm)
         note(f"maxwell: writing {vtu}")
         write_vtu(vtu, dg, E=q[:3], H=q[3:])
     return dict(
