@@ -3,7 +3,7 @@
 # machine nvidia-h200-x4 (4x H200, Open MPI not CUDA-aware, jax with CUDA; mpi4jax built here from .carry/):
 #
 #   PART=bp5 bash experiments/run_x4.sh   -> $OUT/x4_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
-#   NGPU=8 adds the P = 8 stages (nvidia-h200-x8; not yet run: that kind was withheld)
+#   PART=bp5_8 / PART=dg_8 bash experiments/run_x4.sh  -> the P = 1 and P = 8 points on nvidia-h200-x8
 #   PART=dg  bash experiments/run_x4.sh   -> $OUT/x4_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
 #                                                                  mpi4jax host-staging variants)
 # Each stage has its own time limit and the results so far are packed on exit, so a slow stage costs
@@ -38,6 +38,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | tee
 $PY -c "import jax; print(jax.__version__, jax.devices())" | tee -a $RES/log.txt
 install() {
   [[ -n ${SKIP_INSTALL:-} ]] && return 0
+  python3 -c "import mpi4jax; print('mpi4jax', mpi4jax.__version__, '(already built)')" 2>/dev/null && return 0
   python3 -c "import nanobind" 2>/dev/null || python3 -m pip install -q --no-index --no-deps $CARRY/nanobind-*.whl
   MPI4JAX_BUILD_MPICC=$(which mpicc) python3 -m pip install -q --no-index --no-deps --no-build-isolation \
       --no-cache-dir $CARRY/mpi4jax-*.tar.gz 2>&1 | tail -3
@@ -53,6 +54,24 @@ export RES PY MPI CARRY
 S="$PY experiments/scaling.py --order $ORDER --repeats 2"
 D="$PY experiments/dg_scaling.py --order $ORDER --repeats 2"
 
+if [[ $PART == bp5_8 ]]; then  # nvidia-h200-x8: P = 1 and 8 on one machine (P = 2, 4 came from PART=bp5)
+  stage install 120 install
+  STRONG=${STRONG:-16x16x16,32x32x16,64x32x32}; W1=${W1:-32x30x30}; W8=${W8:-128x60x30}
+  stage shard_18 260 $S --backend shard --devices 1,8 --sizes $STRONG,$W8 --out $RES/bp5_shard_P18.json
+  stage shard_weak1 60 $S --backend shard --devices 1 --sizes $W1 --out $RES/bp5_shard_weak1.json
+  stage mpi8 200 $MPI 8 $S --backend mpi --sizes $STRONG,$W8 --out $RES/bp5_mpi_P8.json
+  stage shard_4 120 $S --backend shard --devices 4 --sizes $STRONG --out $RES/bp5_shard_P4.json
+fi
+
+if [[ $PART == dg_8 ]]; then  # nvidia-h200-x8: Maxwell N = 7 at P = 1 and 8 (weak: 125*15^3 points per GPU)
+  stage install 120 install
+  MX=${MX:-10x10x8,40x20x8,40x20x20,40x40x20,40x40x40}
+  stage mx_shard18 200 $D --model maxwell --backend shard --devices 1,8 --steps 20 --sizes $MX --out $RES/mx_shard_P18.json
+  stage mx_mpi8 150 $MPI 8 $D --model maxwell --backend mpi --steps 20 --sizes $MX --out $RES/mx_mpi_P8.json
+  stage adv_8 120 $D --model advection --backend shard --devices 1,8 --steps 10 --schedules bulk,overlap \
+      --sizes 40x40x40,80x40x40 --out $RES/adv_shard_P18.json
+fi
+
 if [[ $PART == bp5 ]]; then
   stage install 120 install
   STRONG=${STRONG:-16x16x16,32x32x16,64x32x32}; W1=${W1:-32x30x30}; W2=${W2:-64x30x30}; W4=${W4:-64x60x30}
@@ -63,11 +82,6 @@ if [[ $PART == bp5 ]]; then
   stage mpi4 150 $MPI 4 $S --backend mpi --sizes $STRONG,$W4 --out $RES/bp5_mpi_P4.json
   stage mpi2 120 $MPI 2 $S --backend mpi --sizes $STRONG,$W2 --out $RES/bp5_mpi_P2.json
   stage shard_fused 150 $S --backend shard --impl auto --devices 1,2,4 --sizes $STRONG --out $RES/bp5_shard_fused.json
-  if [[ ${NGPU:-4} -ge 8 ]]; then  # nvidia-h200-x8: the P = 8 points (weak 9.9 M DOFs/GPU = 128x60x30)
-    W8=${W8:-128x60x30}
-    stage shard_8 240 $S --backend shard --devices 8 --sizes $STRONG,$W8 --out $RES/bp5_shard_P8.json
-    stage mpi8 200 $MPI 8 $S --backend mpi --sizes $STRONG,$W8 --out $RES/bp5_mpi_P8.json
-  fi
 fi
 
 if [[ $PART == dg ]]; then
@@ -82,10 +96,6 @@ if [[ $PART == dg ]]; then
   MX=${MX:-10x10x8,20x10x8,20x20x8,40x20x20,40x40x20}
   stage mx_shard 150 $D --model maxwell --backend shard --devices 1,2,4 --steps 20 --sizes $MX --out $RES/mx_shard.json
   stage mx_mpi4 100 $MPI 4 $D --model maxwell --backend mpi --steps 20 --sizes $MX --out $RES/mx_mpi_P4.json
-  if [[ ${NGPU:-4} -ge 8 ]]; then
-    stage mx_shard8 150 $D --model maxwell --backend shard --devices 8 --steps 20 --sizes $MX,40x20x8,40x40x40 --out $RES/mx_shard_P8.json
-    stage mx_mpi8 120 $MPI 8 $D --model maxwell --backend mpi --steps 20 --sizes $MX,40x20x8,40x40x40 --out $RES/mx_mpi_P8.json
-  fi
   stage ex_default 40 ex default
   stage ex_glibc_env 40 ex glibc_env MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824
   stage ex_mallopt 40 ex mallopt JAXSEM_MALLOPT=1
