@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import _timeit, parse_sizes  # noqa: E402  (same sizes syntax and timing as the BP5 study)
+from scaling import Results, _timeit, parse_sizes  # noqa: E402  (same sizes syntax and timing as the BP5 study)
 
 
 def flops_per_step(model, order, E):
@@ -153,7 +153,7 @@ def run(a):
     comm = get_comm() if a.backend == "mpi" else None
     plist = [comm.size] if comm is not None else [int(v) for v in str(a.devices).split(",")]
     rank = comm.rank if comm is not None else 0
-    rows = []
+    rows = Results(a.out, "dg_scaling", write=rank == 0)
     schedules = a.schedules.split(",") if a.model == "advection" else ["bulk"]
     for elements, P in ((e, P) for e in parse_sizes(a.sizes) for P in plist):
         t0 = time.perf_counter()
@@ -262,15 +262,7 @@ def main(argv=None):
         ap.error("argument --steps/--repeats/--order: must be >= 1")
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    rank, rows = run(a)
-    if rank == 0 and a.out:
-        import jaxsem
-
-        dev = jax.devices()[0]
-        with open(a.out, "w") as fh:
-            json.dump(dict(experiment="dg_scaling", device=getattr(dev, "device_kind", dev.platform),
-                           jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                           command="python " + " ".join(sys.argv), rows=rows), fh, indent=1)
+    run(a)   # rows are written to --out as they come
 
 
 if __name__ == "__main__":

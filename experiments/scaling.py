@@ -32,6 +32,26 @@ def parse_sizes(text):
     return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
 
 
+class Results(list):
+    """Rows that are written to ``path`` (JSON) after every append, so a run stopped by a time
+    limit keeps the sizes it finished. Rank 0 writes; ``path=None`` keeps them in memory."""
+
+    def __init__(self, path, experiment, write=True):
+        super().__init__()
+        self.path, self.experiment, self.write = path, experiment, write
+
+    def append(self, row):
+        super().append(row)
+        if self.path and self.write:
+            import jaxsem
+
+            dev = jax.devices()[0]
+            with open(self.path, "w") as fh:
+                json.dump(dict(experiment=self.experiment, device=getattr(dev, "device_kind", dev.platform),
+                               jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
+                               command="python " + " ".join(sys.argv), rows=list(self)), fh, indent=1)
+
+
 def _timeit(fn, args, repeats):
     jax.block_until_ready(fn(*args))
     ts = []
@@ -51,7 +71,7 @@ def run_mpi(a):
     from jaxsem.solvers import pcg
 
     comm = get_comm()
-    rows = []
+    rows = Results(a.out, "scaling", write=comm.rank == 0)
     for elements in parse_sizes(a.sizes):
         t0 = time.perf_counter()
         mesh = box_mesh(elements, a.order, deform=0.1)
@@ -99,7 +119,7 @@ def run_shard(a):
 
     from jaxsem.numbering import number_nodes
 
-    rows = []
+    rows = Results(a.out, "scaling")
     its, reps = a.iterations, 20
     f = poisson.manufactured(5).f
     for elements in parse_sizes(a.sizes):
@@ -239,15 +259,7 @@ def main(argv=None):
     if a.plot:
         print(json.dumps(plot(a.plot), indent=1))
         return
-    rank, rows = (run_mpi if a.backend == "mpi" else run_shard)(a)
-    if rank == 0 and a.out:
-        dev = jax.devices()[0]
-        import jaxsem
-
-        with open(a.out, "w") as fh:
-            json.dump(dict(experiment="scaling", device=getattr(dev, "device_kind", dev.platform),
-                           jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                           command="python " + " ".join(sys.argv), rows=rows), fh, indent=1)
+    (run_mpi if a.backend == "mpi" else run_shard)(a)   # rows are written to --out as they come
 
 
 if __name__ == "__main__":
