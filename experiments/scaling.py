@@ -123,8 +123,10 @@ def run_shard(a):
     its, reps = a.iterations, 20
     f = poisson.manufactured(5).f
     for elements in parse_sizes(a.sizes):
+        t0 = time.perf_counter()
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
+        print(f"mesh + numbering E={elements}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
         for P in (int(v) for v in str(a.devices).split(",")):
             rows.append(_run_shard_one(a, mesh, numbering, elements, P, its, reps, f))
     return 0, rows
