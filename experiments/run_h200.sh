@@ -2,9 +2,9 @@
 # Scaling beyond two GPUs (issue 8) and the 2-GPU measurements of issues 3 and 7, as run on the device
 # machine nvidia-h200-x4 (4x H200, Open MPI not CUDA-aware, jax with CUDA; mpi4jax built here from .carry/):
 #
-#   PART=bp5 bash experiments/run_x4.sh   -> $OUT/x4_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
-#   PART=bp5_8 / PART=dg_8 bash experiments/run_x4.sh  -> the P = 1 and P = 8 points on nvidia-h200-x8
-#   PART=dg  bash experiments/run_x4.sh   -> $OUT/x4_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
+#   PART=bp5 bash experiments/run_h200.sh   -> $OUT/h200_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
+#   PART=bp5_8 / PART=dg_8 bash experiments/run_h200.sh  -> the P = 1 and P = 8 points on nvidia-h200-x8
+#   PART=dg  bash experiments/run_h200.sh   -> $OUT/h200_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
 #                                                                  mpi4jax host-staging variants)
 # Each stage has its own time limit and the results so far are packed on exit, so a slow stage costs
 # only itself. Run from a snapshot of the committed tree (SRC, default: this checkout).
@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 RES=/tmp/res_$PART; mkdir -p $RES
 START=$(date +%s)
 BUDGET=${BUDGET:-560}   # seconds for all stages of this part
-pack() { tar -czf $OUT/x4_$PART.tar.gz -C $RES . ; ls -la $RES; }
+pack() { tar -czf $OUT/h200_$PART.tar.gz -C $RES . ; ls -la $RES; }
 OUT=${OUT:-/tmp/out_$PART}; mkdir -p $OUT
 trap pack EXIT
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
