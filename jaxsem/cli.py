@@ -104,6 +104,9 @@ def _build_parser() -> _Parser:
                    help="relative residual tolerance, 0 < tol < 1 (default 1e-10; 1e-5 for float32)")
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
+    s.add_argument("--impl", choices=("auto", "einsum", "fused"), default=None,
+                   help="poisson: element kernels, fused Pallas on a GPU and einsum elsewhere (auto, default), "
+                        "or force one")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
         s.add_argument(flag, default=None, **kw)
     for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
@@ -156,6 +159,8 @@ def _validate(parser: _Parser, args) -> None:
             if args.problem not in takes[f]:
                 where = " and ".join("'solve " + p + "'" for p in takes[f])
                 fail(f"argument {f}: applies to {where} only")
+        if args.impl is not None and args.problem != "poisson":
+            fail("argument --impl: applies to 'solve poisson' only")
         if args.problem in ("advection", "maxwell"):
             defaults = ADVECTION_DEFAULTS if args.problem == "advection" else MAXWELL_DEFAULTS
             for key, value in defaults.items():
@@ -273,9 +278,11 @@ def _fmt_rate(x) -> str:
 # ----------------------------------------------------------------------------- solve
 
 def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
-                  dtype="float64", progress=None) -> dict:
+                  dtype="float64", progress=None, impl="auto") -> dict:
     """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
 
+    ``impl``: element kernels (:func:`jaxsem.models.poisson.local_operator`; ``"auto"``:
+    fused on a GPU, einsum elsewhere).
     The solve is compiled ahead of time (``compile_seconds``) and then run once
     (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
     ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
@@ -287,7 +294,7 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     from .bench import count_dofs
     from .mesh import box_mesh
     from .models import poisson
-    from .operators.bk import BK_SPECS
+    from .operators.bk import BK_SPECS, bk_impl
 
     note = progress or (lambda m: None)
     spec = BK_SPECS[bp]
@@ -298,7 +305,7 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
 
     note("compiling...")
     t0 = time.perf_counter()
-    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter))
+    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter, impl=impl))
     compiled = fn.lower(sem).compile()
     compile_s = time.perf_counter() - t0
 
@@ -310,13 +317,14 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
 
     l2, linf = poisson.relative_errors(sem, u, m.u)
     its = int(info.iterations)
+    kernel = bk_impl(spec, u, sem.J, impl)
     points, dofs = count_dofs(spec.components, order, elements)
     r0 = float(info.residual0)
     return dict(
         problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
         components=spec.components, order=order, elements=list(elements),
         num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
-        deform=float(deform), tol=tol, maxiter=maxiter, iterations=its,
+        deform=float(deform), tol=tol, maxiter=maxiter, impl=kernel, iterations=its,
         converged=bool(info.converged),
         residual=float(info.residual) / r0 if r0 > 0 else float(info.residual),
         error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
@@ -339,7 +347,7 @@ def _report_solve(r: dict) -> str:
         f"relative residual {r['residual']:.2e})",
         f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
         f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
-        f"{r['compile_seconds']:.2f} s compile",
+        f"{r['compile_seconds']:.2f} s compile, {r['impl']} element kernels",
         f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), "
         f"ranks {r['ranks']}, jax {r['jax_version']}",
     ])
@@ -500,7 +508,7 @@ def main(argv=None) -> int:
             code = 0 if result["converged"] else 1
         elif args.command == "solve":
             result = solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
-                                   args.maxiter, args.dtype, progress=log)
+                                   args.maxiter, args.dtype, progress=log, impl=args.impl or "auto")
             result.update(_env())
             text = _report_solve(result)
             code = 0 if result["converged"] else 1

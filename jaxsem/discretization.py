@@ -104,9 +104,14 @@ class SEM:
         return allreduce_sum(jnp.sum(u * v * self.gs.mult), self.comm)
 
     def dots(self, pairs):
-        """Several weighted inner products ``[(u, v), …]`` with one all-reduce: ``(len(pairs),)``."""
-        local = jnp.stack([jnp.sum(u * v * self.gs.mult) for u, v in pairs])
-        return allreduce_sum(local, self.comm)
+        """Several weighted inner products ``[(u, v), …]`` with one all-reduce: ``(len(pairs),)``.
+
+        One variadic reduction over all pairs (:func:`jaxsem.solvers.pcg.weighted_dots`), so
+        PCG's (r, z) and (r, r) read r, z and the weights in one pass.
+        """
+        from .solvers.pcg import weighted_dots
+
+        return weighted_dots(self.gs.mult, lambda s: allreduce_sum(s, self.comm))(pairs)
 
     def interpolate(self, f: Callable):
         """Nodal values ``f(x, y, z)`` at the GLL nodes: ``(E, n, n, n)`` or ``(k, E, n, n, n)``."""

@@ -110,6 +110,8 @@ BAD = [
     (["bench", "bp5", "--dtype", "int32"], "--dtype"),
     (["frobnicate"], "command"),
     (["solve", "poisson", "--bogus"], "--bogus"),
+    (["solve", "maxwell", "--impl", "einsum"], "--impl"),
+    (["solve", "poisson", "--impl", "cuda"], "--impl"),
 ]
 
 
@@ -153,6 +155,20 @@ def test_bench_impl_switch(capsys, impl, ran):
     ref = cli.main(argv[:-4] + ["--impl", "einsum", "--json", "-q"])
     r_ref, _ = _json(capsys)
     assert ref == 0 and r["residual_reduction"] == pytest.approx(r_ref["residual_reduction"], rel=1e-12)
+
+
+@pytest.mark.parametrize("bp", [3, 5])
+def test_solve_impl_switch(capsys, bp):
+    """solve --impl: "auto" is the einsum chain on a CPU; "fused" runs the Pallas kernels
+    (interpret mode here) in a plain PCG and reaches the same solution."""
+    argv = ["solve", "poisson", "--bp", str(bp), "--order", "2", "--elements", "1", "1", "2", "--json", "-q"]
+    assert cli.main(argv) == 0
+    auto, _ = _json(capsys)
+    assert cli.main(argv + ["--impl", "fused"]) == 0
+    fused, _ = _json(capsys)
+    assert auto["impl"] == "einsum" and fused["impl"] == "pallas"
+    assert fused["iterations"] == auto["iterations"]
+    assert fused["error_l2"] == pytest.approx(auto["error_l2"], rel=1e-10)
 
 
 def test_info_json(capsys):

@@ -23,8 +23,10 @@ from .. import geometry as geo
 from ..comm import allreduce_max, allreduce_sum
 from ..discretization import SEM, discretize
 from ..mesh import Mesh
-from ..operators import BK_SPECS, mass, mass_diagonal, stiffness, stiffness_diagonal, stiffness_gll
-from ..operators.fused import stiffness_gll_auto
+from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
+from ..operators.fused import (
+    IMPLS, _resolve, fused_supported, gauss_fused_supported, mass_auto, stiffness_auto, stiffness_gll_auto,
+)
 from ..operators.tensor import interp, interp_t
 from ..solvers import pcg
 from ..solvers.pcg import linear_solve
@@ -63,11 +65,13 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
     """Element operator u ↦ h₁A_e u + h₂B_e u (no assembly) for ``u: (..., E, n, n, n)``.
 
     ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``.
-    ``impl``: the collocated stiffness's implementation (``"einsum"``,
-    ``"pallas"``, ``"auto"``; :mod:`jaxsem.operators.fused`). The fused kernel
-    has reverse-mode rules only: keep ``"einsum"`` inside solves that are
-    differentiated with respect to coefficients or geometry.
+    ``impl``: the element kernels' implementation (``"einsum"``, ``"fused"``/``"pallas"``,
+    ``"auto"``: fused on a GPU where supported; :mod:`jaxsem.operators.fused`): the
+    collocated stiffness (BP5/6) and, on Gauss points, stiffness and mass (BP1–4).
+    The fused kernels have reverse-mode rules only: keep ``"einsum"`` inside solves
+    that are differentiated with respect to coefficients or geometry.
     """
+    _check_impl(impl)
     g = sem.geom
     coll = sem.quadrature == "gll"
 
@@ -75,13 +79,32 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
         w = 0.0
         if not _is_zero(h1):
             h = None if _unit(h1) else h1
-            w = stiffness_gll_auto(u, sem.D, g.G, h, impl=impl) if coll else stiffness(u, sem.J, sem.Dt, g.G, h)
+            w = (stiffness_gll_auto(u, sem.D, g.G, h, impl=impl) if coll
+                 else stiffness_auto(u, sem.J, sem.Dt, g.G, h, impl=impl))
         if not _is_zero(h2):
             h = None if _unit(h2) else h2
-            w = w + ((g.B if h is None else g.B * h) * u if coll else mass(u, sem.J, g.B, h))
+            w = w + ((g.B if h is None else g.B * h) * u if coll else mass_auto(u, sem.J, g.B, h, impl=impl))
         return w
 
     return apply
+
+
+def _check_impl(impl):
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "einsum") -> str:
+    """What :func:`local_operator`'s ``impl`` runs here for ``u``'s shape: ``"pallas"`` if any
+    of its element kernels is the fused one, else ``"einsum"``."""
+    _check_impl(impl)
+    if sem.quadrature == "gll":
+        used = [] if _is_zero(h1) else [_resolve(impl, "stiffness_gll", fused_supported(u))]
+    else:
+        ok = gauss_fused_supported(u, sem.J)
+        used = ([] if _is_zero(h1) else [_resolve(impl, "stiffness", ok)]) + \
+               ([] if _is_zero(h2) else [_resolve(impl, "mass", ok)])
+    return "pallas" if "pallas" in used else "einsum"
 
 
 def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
@@ -119,7 +142,7 @@ def load(sem: SEM, f):
 
 
 def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
-          method: str = "classic"):
+          method: str = "classic", impl: str = "einsum"):
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
@@ -129,14 +152,22 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       h1, h2: coefficients (scalars or ``(E, q, q, q)`` fields).
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
+      impl: element kernels, as :func:`local_operator`. The fused GPU kernels (``"auto"``
+        on a GPU, or ``"fused"``; BP5 p = 7 on an H100: 7.5 against 4 GDOF/s, README) have
+        no transpose rule, so with them the solve is plain PCG: not differentiable.
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
-    Differentiable w.r.t. f, h1, h2 and the geometry by one adjoint solve.
+    With ``impl="einsum"`` (the default) differentiable w.r.t. f, h1, h2 and the
+    geometry by one adjoint solve.
     """
+    _check_impl(impl)
     b = load(sem, f) if rhs is None else rhs
-    A = operator(sem, h1, h2)
+    A = operator(sem, h1, h2, impl)
     dinv = jacobi(sem, h1, h2)
     weight = sem.mult * sem.mask
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
+    if kernels(sem, b, h1, h2, impl) == "pallas":  # custom_linear_solve would transpose A
+        return pcg(A, project(b), dot=sem.dot, precond=lambda r: dinv * r, tol=tol, maxiter=maxiter,
+                   dots=sem.dots, method=method)
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
         precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
