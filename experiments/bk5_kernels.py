@@ -115,19 +115,14 @@ def check(cfg, order, dtype, E, key, interpret):
 
 
 def time_fn(fn, args, repeats, inner):
+    """Compile ``fn`` (compile seconds include the first call), warm it up once more, then
+    :func:`jaxsem.bench._time` it. Returns (last output, compile seconds, seconds per apply list)."""
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
-    out = compiled(*args)
-    jax.block_until_ready(out)
+    jax.block_until_ready(compiled(*args))
     compile_s = time.perf_counter() - t0
     jax.block_until_ready(compiled(*args))  # second warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / inner)
+    out, times = bench._time(compiled, args, repeats, inner)
     return out, compile_s, times
 
 

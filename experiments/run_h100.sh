@@ -12,18 +12,9 @@ cd "$SRC"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC
 RES=/tmp/res_h100; mkdir -p $RES
 OUT=${OUT:-/tmp/out_h100}; mkdir -p $OUT
-START=$(date +%s)
 BUDGET=${BUDGET:-570}
-pack() { tar -czf $OUT/h100.tar.gz -C $RES . ; ls -la $RES; }
-trap pack EXIT
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-stage() {  # name, seconds, command...
-  local name=$1 lim=$2; shift 2
-  local l=$(left); (( l < 20 )) && { echo "SKIP $name (budget)" | tee -a $RES/log.txt; return; }
-  (( lim > l )) && lim=$l
-  echo "== $name (limit ${lim}s, $(date +%T))" | tee -a $RES/log.txt
-  timeout $lim bash -c "$*" 2>&1 | tee -a $RES/log.txt; echo "rc $name ${PIPESTATUS[0]}" | tee -a $RES/log.txt
-}
+ARCHIVE=h100.tar.gz
+source experiments/stages.sh   # stage(), left(), pack() on exit
 PY=${PY:-python3}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null | tee $RES/gpu.txt
 $PY -c "import jax; print(jax.__version__, jax.devices())" | tee -a $RES/log.txt

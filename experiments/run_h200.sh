@@ -17,19 +17,10 @@ cd "$SRC"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 RES=/tmp/res_$PART; mkdir -p $RES
-START=$(date +%s)
 BUDGET=${BUDGET:-560}   # seconds for all stages of this part
-pack() { tar -czf $OUT/h200_$PART.tar.gz -C $RES . ; ls -la $RES; }
 OUT=${OUT:-/tmp/out_$PART}; mkdir -p $OUT
-trap pack EXIT
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-stage() {  # name, seconds, command...
-  local name=$1 lim=$2; shift 2
-  local l=$(left); (( l < 20 )) && { echo "SKIP $name (budget)" | tee -a $RES/log.txt; return; }
-  (( lim > l )) && lim=$l
-  echo "== $name (limit ${lim}s, $(date +%T))" | tee -a $RES/log.txt
-  timeout $lim bash -c "$*" 2>&1 | tee -a $RES/log.txt; echo "rc $name ${PIPESTATUS[0]}" | tee -a $RES/log.txt
-}
+ARCHIVE=h200_$PART.tar.gz
+source experiments/stages.sh   # stage(), left(), pack() on exit
 
 PY=${PY:-python3}
 MPI=${MPI:-mpirun -n}

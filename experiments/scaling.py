@@ -183,6 +183,29 @@ def fit_n08(rows):
     return dict(t0=float(t0), R=float(R), n08=float(4 * t0 * R))
 
 
+def efficiencies(rows, size="dofs", per_rank="dofs_per_rank", time="seconds_per_iteration",
+                 same=lambda r, b: True):
+    """Strong and weak scaling efficiency of every P > 1 row against a P = 1 row.
+
+    Strong η = t₁/(P·t_P), t₁ from a P = 1 row of equal global ``size``; weak η = t₁/t_P, t₁ from a
+    P = 1 row whose ``size`` is within 3% of the row's ``per_rank``. The P = 1 rows considered for a
+    row r are those b with ``same(r, b)``, r's own backend first (P = 1 never communicates), then in
+    row order. Returns (strong, weak): lists of (row, P = 1 row, η), in row order.
+    """
+    strong, weak = [], []
+    for r in rows:
+        if r["ranks"] == 1:
+            continue
+        ones = sorted((b for b in rows if b["ranks"] == 1 and same(r, b)), key=lambda b: b["backend"] != r["backend"])
+        eq = [b for b in ones if b[size] == r[size]]
+        if eq:
+            strong.append((r, eq[0], eq[0][time] / (r["ranks"] * r[time])))
+        eq = [b for b in ones if abs(b[size] - r[per_rank]) <= 0.03 * b[size]]
+        if eq:
+            weak.append((r, eq[0], eq[0][time] / r[time]))
+    return strong, weak
+
+
 def plot(paths):
     import matplotlib
 
@@ -206,15 +229,11 @@ def plot(paths):
     ax[0].set_ylabel("GDOF/s per rank (BP5, 100 PCG iterations)")
     ax[0].grid(True, which="both", alpha=0.3)
     ax[0].legend()
-    # strong-scaling efficiency at equal global size
-    eff = []
-    for backend in sorted({r["backend"] for r in rows}):
-        one = {tuple(r["elements"]): r for r in rows if r["ranks"] == 1}
-        for r in rows:
-            if r["backend"] == backend and r["ranks"] > 1 and tuple(r["elements"]) in one:
-                r1 = one[tuple(r["elements"])]
-                eff.append(dict(backend=backend, ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
-                                strong_efficiency=r1["seconds_per_iteration"] / (r["ranks"] * r["seconds_per_iteration"])))
+    strong, weak = efficiencies(rows)
+    # strong-scaling efficiency at equal global size, by backend
+    eff = sorted((dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
+                       strong_efficiency=e) for r, _, e in strong), key=lambda e: e["backend"])
+    for backend in sorted({e["backend"] for e in eff}):
         for P in sorted({e["ranks"] for e in eff if e["backend"] == backend}):
             xs = sorted((e for e in eff if e["backend"] == backend and e["ranks"] == P), key=lambda e: e["dofs"])
             ax[1].plot([e["dofs"] for e in xs], [e["strong_efficiency"] for e in xs], "o-",
@@ -225,18 +244,9 @@ def plot(paths):
     ax[1].set_ylabel("η = t₁ / (P·t_P)")
     ax[1].grid(True, which="both", alpha=0.3)
     ax[1].legend()
-    # weak-scaling efficiency: equal DOFs per rank (within 3%) as a P = 1 run of the same backend
-    weak = []
-    for r in rows:
-        if r["ranks"] == 1:
-            continue
-        base = sorted((b for b in rows if b["ranks"] == 1 and abs(b["dofs"] - r["dofs_per_rank"]) <= 0.03 * b["dofs"]),
-                      key=lambda b: b["backend"] != r["backend"])  # same backend first (P = 1 never communicates)
-        if base:
-            b = base[0]
-            weak.append(dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"],
-                             dofs_per_rank=r["dofs_per_rank"], base_elements=b["elements"],
-                             weak_efficiency=b["seconds_per_iteration"] / r["seconds_per_iteration"]))
+    # weak-scaling efficiency: equal DOFs per rank (within 3%) as a P = 1 run, same backend first
+    weak = [dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"], dofs_per_rank=r["dofs_per_rank"],
+                 base_elements=b["elements"], weak_efficiency=e) for r, b, e in weak]
     fig.tight_layout()
     out = os.path.splitext(paths[0])[0] + ".png"
     fig.savefig(out, dpi=110)

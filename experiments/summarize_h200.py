@@ -55,26 +55,17 @@ def first_seen(rows, size_key):
     return out
 
 
-def efficiencies(rows, size_key, per_rank_key, time_key, group):
-    strong, weak = [], []
-    for r in rows:
-        if r["ranks"] == 1:
-            continue
-        g = group(r)
-        ones = [b for b in rows if b["ranks"] == 1 and group(b)[1:] == g[1:]]
-        same = [b for b in ones if b[size_key] == r[size_key]]
-        if same:
-            b = same[0]
-            strong.append(dict(backend=r["backend"], ranks=r["ranks"], machine=r["machine"], size=r[size_key],
-                               elements=r["elements"],
-                               t1=b[time_key], tP=r[time_key], efficiency=b[time_key] / (r["ranks"] * r[time_key])))
-        eq = [b for b in ones if abs(b[size_key] - r[per_rank_key]) <= 0.03 * b[size_key]]
-        if eq:
-            b = eq[0]
-            weak.append(dict(backend=r["backend"], ranks=r["ranks"], machine=r["machine"], per_rank=r[per_rank_key],
-                             elements=r["elements"],
-                             base_elements=b["elements"], t1=b[time_key], tP=r[time_key],
-                             efficiency=b[time_key] / r[time_key]))
+def efficiencies(rows, size_key, per_rank_key, time_key):
+    """Strong and weak η tables (:func:`scaling.efficiencies`), each P > 1 row against P = 1 on its machine."""
+    import scaling
+
+    strong, weak = scaling.efficiencies(rows, size_key, per_rank_key, time_key,
+                                        same=lambda r, b: b["machine"] == r["machine"])
+    strong = [dict(backend=r["backend"], ranks=r["ranks"], machine=r["machine"], size=r[size_key],
+                   elements=r["elements"], t1=b[time_key], tP=r[time_key], efficiency=e) for r, b, e in strong]
+    weak = [dict(backend=r["backend"], ranks=r["ranks"], machine=r["machine"], per_rank=r[per_rank_key],
+                 elements=r["elements"], base_elements=b["elements"], t1=b[time_key], tP=r[time_key], efficiency=e)
+            for r, b, e in weak]
     return strong, weak
 
 
@@ -83,8 +74,7 @@ def bp5():
 
     rows, cmds, meta = load("bp5_*.json")
     rows = [r for r in rows if "mallopt" not in r["source"]]
-    strong, weak = efficiencies(rows, "dofs", "dofs_per_rank", "seconds_per_iteration",
-                                lambda r: (r["backend"], r["machine"]))
+    strong, weak = efficiencies(rows, "dofs", "dofs_per_rank", "seconds_per_iteration")
     rows = first_seen(rows, "dofs")
     fits = {}
     for b in sorted({r["backend"] for r in rows}):
@@ -119,8 +109,7 @@ def maxwell():
     import dg_scaling
 
     rows, cmds, meta = load("mx_*.json")
-    strong, weak = efficiencies(rows, "points", "points_per_rank", "seconds_per_step",
-                                lambda r: (r["backend"], r["machine"]))
+    strong, weak = efficiencies(rows, "points", "points_per_rank", "seconds_per_step")
     rows = first_seen(rows, "points")
     res = dict(experiment="Maxwell SEDG N=7 scaling on 1-8 H200s (one host)", **meta, commands=cmds,
                batch="PART=dg bash experiments/run_h200.sh (nvidia-h200-x4; MPI P=2 with JAXSEM_MALLOPT=1 in a "
