@@ -42,9 +42,12 @@ import numpy as np
 from .. import basis
 from .. import timestepping as ts
 from ..comm import allreduce_sum
-from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
+from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
 from ..gather_scatter import exchange_received, global_to_local, local_to_global
 from ..mesh import box_mesh
+from . import _dg_common as common
+from ._dg_common import RHO_MARGIN, check_choice, relative_error
+from ._dg_common import ref_derivative as _d
 
 __all__ = [
     "FLUXES",
@@ -76,21 +79,7 @@ DEFAULT_WIDTH = 0.15
 DEFAULT_CENTER = (0.5, 0.5, 0.5)
 
 
-def _check_choice(value, name, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
 # ----------------------------------------------------------------------------- metrics
-
-
-def _d(D, u, a, xp=jnp):
-    """Reference derivative along axis a (0: r, 1: s, 2: t) of ``u: (..., E, n, n, n)`` [k, j, i]."""
-    if a == 0:
-        return xp.einsum("il,...kjl->...kji", D, u)
-    if a == 1:
-        return xp.einsum("jl,...kli->...kji", D, u)
-    return xp.einsum("kl,...lji->...kji", D, u)
 
 
 def curl_metrics(D, x) -> np.ndarray:
@@ -167,11 +156,10 @@ def transport_sharded(dg_stacked: DG, device_mesh, velocity=DEFAULT_VELOCITY) ->
 
 @functools.partial(jax.jit, static_argnums=3)
 def _transport(dg, c, A, exchange):
-    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     Af = faces(A)  # (3 a, E, 6, n, n)
     sign = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], A.dtype)[:, None, None]
     an = jnp.stack([Af[f // 2, :, f] for f in range(6)], axis=1) * sign
-    nbr = ex(an[None])[0] - an  # 0 on the boundary
+    nbr = neighbor_values(dg, an[None], exchange)[0]  # 0 on the boundary
     vn = 0.5 * (an - nbr) + 0.5 * dg.boundary * an
     w_end = 2.0 / (dg.order * (dg.order + 1))
     return Transport(velocity=c, A=A, an=an, vn=vn, lw=1.0 / (faces(dg.jac) * w_end))
@@ -215,9 +203,9 @@ def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | Non
       be asynchronous; mpi4jax's ``sendrecv`` blocks): see
       ``experiments/advection_overlap.py``.
     """
-    _check_choice(flux, "flux", FLUXES)
-    _check_choice(form, "form", FORMS)
-    _check_choice(schedule, "schedule", SCHEDULES)
+    check_choice(flux, "flux", FLUXES)
+    check_choice(form, "form", FORMS)
+    check_choice(schedule, "schedule", SCHEDULES)
     distributed = exchange is None and dg.fgs.exchange is not None
     uf = faces(u)  # (E, 6, n, n): one component through the exchange
     if distributed and schedule == "overlap":
@@ -253,16 +241,10 @@ def make_rhs(flux: str = "upwind", exchange: Callable | None = None, form: str =
     ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
     :func:`jaxsem.dg.face_exchange`); ``schedule`` as in :func:`rhs`.
     """
-    _check_choice(flux, "flux", FLUXES)
-    _check_choice(form, "form", FORMS)
-    _check_choice(schedule, "schedule", SCHEDULES)
-
-    def f(t, u, args):
-        dg, tr = args
-        ex = None if exchange is None else (lambda v: exchange(dg, v))
-        return rhs(dg, tr, u, flux, ex, form, schedule)
-
-    return f
+    check_choice(flux, "flux", FLUXES)
+    check_choice(form, "form", FORMS)
+    check_choice(schedule, "schedule", SCHEDULES)
+    return common.rhs_fn(rhs, exchange, flux=flux, form=form, schedule=schedule)
 
 
 @jax.jit
@@ -282,12 +264,6 @@ def _inner(u, v, args):
     return allreduce_sum(jnp.sum(dg.mass * u * v), dg.comm)
 
 
-@functools.lru_cache(maxsize=None)
-def _operator(flux, form):
-    f = make_rhs(flux, None, form)
-    return lambda v, args: f(0.0, v, args)
-
-
 def spectral_radius(dg: DG, tr: Transport, flux: str = "upwind", iterations: int = 60,
                     form: str = "split") -> float:
     """Power-iteration estimate of ρ of the semi-discrete operator in the L2 (mass) norm.
@@ -295,16 +271,7 @@ def spectral_radius(dg: DG, tr: Transport, flux: str = "upwind", iterations: int
     Distributed, each rank starts from its elements' part of the serial start
     vector, so every rank gets the serial ρ (up to the order of the sums).
     """
-    if dg.comm.size > 1:
-        shape = (dg.num_global_elements,) + (dg.n,) * 3
-        v = np.random.default_rng(0).standard_normal(shape)[np.asarray(dg.elements)]
-        go = ts._power_fn(_operator(flux, form), _inner, int(iterations))
-        return float(go(jnp.asarray(v, dg.jac.dtype), (dg, tr)))
-    like = jax.ShapeDtypeStruct(dg.jac.shape, dg.jac.dtype)
-    return ts.spectral_radius(_operator(flux, form), like, (dg, tr), inner=_inner, iterations=iterations)
-
-
-RHO_MARGIN = 1.05
+    return common.spectral_radius(dg, make_rhs(flux, None, form), (dg, tr), _inner, iterations=iterations)
 
 
 def stable_dt(dg: DG, tr: Transport, flux: str = "upwind", method: str = "lserk4", rho: float | None = None,
@@ -337,17 +304,6 @@ def gaussian(x, t, velocity=DEFAULT_VELOCITY, center=DEFAULT_CENTER, width=DEFAU
     return out
 
 
-def relative_error(dg: DG, u, u_exact) -> float:
-    """Relative L2 error ‖u − u_ex‖ / ‖u_ex‖ (GLL rule, all ranks)."""
-    return float(_relative_error(dg.mass, u, u_exact, dg.comm))
-
-
-@jax.jit
-def _relative_error(m, u, u_exact, comm):
-    num, den = allreduce_sum(jnp.stack([jnp.sum(m * (u - u_exact) ** 2), jnp.sum(m * u_exact**2)]), comm)
-    return jnp.sqrt(num / den)
-
-
 # ----------------------------------------------------------------------------- drivers
 
 
@@ -361,7 +317,7 @@ def simulate(dg: DG, tr: Transport, u0, t_final: float, *, flux: str = "upwind",
     unless ``dt`` is given; a ``dt`` above the limit is refused. ``schedule``:
     see :func:`rhs`.
     """
-    _check_choice(schedule, "schedule", SCHEDULES)
+    check_choice(schedule, "schedule", SCHEDULES)
     if not (math.isfinite(t_final) and t_final >= 0):
         raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
     limit = stable_dt(dg, tr, flux, method, rho, form)

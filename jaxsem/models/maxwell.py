@@ -49,8 +49,10 @@ import numpy as np
 
 from .. import timestepping as ts
 from ..comm import allreduce_sum
-from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces
+from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
 from ..mesh import box_mesh
+from . import _dg_common as common
+from ._dg_common import RHO_MARGIN, check_choice, ref_derivative, relative_error
 
 __all__ = [
     "FIELDS",
@@ -127,11 +129,9 @@ def material(dg: DG, eps=1.0, mu=1.0, exchange: Exchange | None = None) -> Mater
 
 @functools.partial(jax.jit, static_argnums=3)
 def _material(dg, eps, mu, exchange):
-    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     Z = jnp.sqrt(mu / eps)
     own = faces(jnp.stack([Z, 1.0 / Z]))  # (2, E, 6, n, n)
-    nbr = ex(own) - own
-    nbr = nbr + dg.boundary * own
+    nbr = neighbor_values(dg, own, exchange) + dg.boundary * own
     (Zm, Ym), (Zp, Yp) = own, nbr
     aE = dg.lift / (Zm + Zp)
     aH = dg.lift / (Ym + Yp)
@@ -145,14 +145,6 @@ def _cross(a, b):
     return jnp.stack([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
 
 
-def _grad_ref(D, u):
-    """(∂_r u, ∂_s u, ∂_t u) of ``u: (..., E, n, n, n)`` stacked on a new axis 0."""
-    ur = jnp.einsum("il,...kjl->...kji", D, u)
-    us = jnp.einsum("jl,...kli->...kji", D, u)
-    ut = jnp.einsum("kl,...lji->...kji", D, u)
-    return jnp.stack([ur, us, ut])
-
-
 def _curls(dg: DG, q, form: str = "split"):
     """Curls of the two 3-vectors packed in ``q: (6, E, n, n, n)``: ``(∇×E, ∇×H)``.
 
@@ -164,7 +156,7 @@ def _curls(dg: DG, q, form: str = "split"):
     dissipates the discrete energy exactly; on affine elements (J∇r_a
     constant) both forms are the same operator.
     """
-    g = _grad_ref(dg.D, q)  # (3 a, 6 c, E, n, n, n)
+    g = jnp.stack([ref_derivative(dg.D, q, a) for a in range(3)])  # (3 a, 6 c, E, n, n, n)
     rx = dg.rx  # rx[a, d] = ∂r_a/∂x_d
 
     def chain(o):
@@ -174,20 +166,14 @@ def _curls(dg: DG, q, form: str = "split"):
         return chain(0), chain(3)
     Ja = dg.jac * rx  # (3 a, 3 d, ...) = J ∇r_a
     V = [jnp.concatenate([_cross(Ja[a], q[:3]), _cross(Ja[a], q[3:])]) for a in range(3)]
-    cons = (jnp.einsum("il,...kjl->...kji", dg.D, V[0]) + jnp.einsum("jl,...kli->...kji", dg.D, V[1])
-            + jnp.einsum("kl,...lji->...kji", dg.D, V[2])) / dg.jac
+    cons = (ref_derivative(dg.D, V[0], 0) + ref_derivative(dg.D, V[1], 1) + ref_derivative(dg.D, V[2], 2)) / dg.jac
     return 0.5 * (chain(0) + cons[:3]), 0.5 * (chain(3) + cons[3:])
 
 
 def curl(dg: DG, F, form: str = "split"):
     """Pointwise curl of a 3-vector field ``F: (3, E, n, n, n)`` (no fluxes)."""
-    _check_choice(form, "form", FORMS)
+    check_choice(form, "form", FORMS)
     return _curls(dg, jnp.concatenate([F, F]), form)[0]
-
-
-def _check_choice(value, name, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
@@ -198,9 +184,9 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
     default) or ``"chain"`` (NekCEM's chain rule; identical on affine meshes,
     half the derivatives), see :func:`_curls`.
     """
-    _check_choice(flux, "flux", FLUXES)
-    _check_choice(bc, "bc", BCS)
-    _check_choice(form, "form", FORMS)
+    check_choice(flux, "flux", FLUXES)
+    check_choice(bc, "bc", BCS)
+    check_choice(form, "form", FORMS)
     ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     curlE, curlH = _curls(dg, q, form)
 
@@ -227,16 +213,10 @@ def make_rhs(flux: str = "upwind", bc: str = "pec", exchange: Callable | None = 
     ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
     :func:`jaxsem.dg.face_exchange`).
     """
-    _check_choice(flux, "flux", FLUXES)
-    _check_choice(bc, "bc", BCS)
-    _check_choice(form, "form", FORMS)
-
-    def f(t, q, args):
-        dg, mat = args
-        ex = None if exchange is None else (lambda v: exchange(dg, v))
-        return rhs(dg, mat, q, flux, bc, ex, form)
-
-    return f
+    check_choice(flux, "flux", FLUXES)
+    check_choice(bc, "bc", BCS)
+    check_choice(form, "form", FORMS)
+    return common.rhs_fn(rhs, exchange, flux=flux, bc=bc, form=form)
 
 
 @jax.jit
@@ -252,12 +232,6 @@ def _energy_inner(u, v, args):
     return allreduce_sum(local, dg.comm)
 
 
-@functools.lru_cache(maxsize=None)
-def _operator(flux, bc, form):
-    f = make_rhs(flux, bc, None, form)
-    return lambda v, args: f(0.0, v, args)
-
-
 def spectral_radius(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", iterations: int = 60,
                     form: str = "split") -> float:
     """Power-iteration estimate of ρ of the semi-discrete operator, in the energy norm.
@@ -266,19 +240,8 @@ def spectral_radius(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec"
     vector and the inner products all-reduce, so every rank gets the serial ρ
     (up to the order of the sums).
     """
-    if dg.comm.size > 1:
-        # The serial start vector (NumPy, seed 0, the whole mesh's shape), restricted to this rank.
-        shape = (6, dg.num_global_elements) + (dg.n,) * 3
-        v = np.random.default_rng(0).standard_normal(shape)[:, np.asarray(dg.elements)]
-        go = ts._power_fn(_operator(flux, bc, form), _energy_inner, int(iterations))
-        return float(go(jnp.asarray(v, dg.jac.dtype), (dg, mat)))
-    like = jax.ShapeDtypeStruct((6,) + dg.jac.shape, dg.jac.dtype)
-    return ts.spectral_radius(_operator(flux, bc, form), like, (dg, mat), inner=_energy_inner,
-                              iterations=iterations)
-
-
-# The power iteration approaches ρ from below; this margin covers its shortfall.
-RHO_MARGIN = 1.05
+    return common.spectral_radius(dg, make_rhs(flux, bc, None, form), (dg, mat), _energy_inner, lead=(6,),
+                                  iterations=iterations)
 
 
 def stable_dt(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", method: str = "lserk4",
@@ -345,19 +308,6 @@ def _plane_wave(x, t, lengths, wavenumber, amplitude, eps, mu):
     ph = jnp.sin(k[0] * x[0] + k[1] * x[1] + k[2] * x[2] - w * t)
     B = np.cross(k / np.linalg.norm(k), A) / Z
     return jnp.stack([A[0] * ph, A[1] * ph, A[2] * ph, B[0] * ph, B[1] * ph, B[2] * ph])
-
-
-def relative_error(dg: DG, q, q_exact) -> float:
-    """Relative L2 error of all six components: ‖q − q_ex‖ / ‖q_ex‖ (GLL rule, all ranks)."""
-    return float(_relative_error(dg.mass, q, q_exact, dg.comm))
-
-
-@jax.jit
-def _relative_error(mass, q, q_exact, comm):
-    num = jnp.sum(mass * jnp.sum((q - q_exact) ** 2, 0))
-    den = jnp.sum(mass * jnp.sum(q_exact**2, 0))
-    num, den = allreduce_sum(jnp.stack([num, den]), comm)
-    return jnp.sqrt(num / den)
 
 
 # ----------------------------------------------------------------------------- drivers
