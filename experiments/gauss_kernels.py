@@ -1,8 +1,8 @@
 """Gauss-point kernels BK1–BK4: launch-configuration sweep of the fused Pallas kernels.
 
 ``default_config_gauss`` (eb = 16/QP elements per program, 4 warps up to a 2048-point
-quadrature tile, else 8) was chosen from register counts on a CPU, never timed. This
-sweep times it against other ``eb/num_warps[/sS]`` choices (S: Triton num_stages) and the
+quadrature tile, else 8) was chosen from register counts on a CPU; this sweep timed it
+(gauss_kernels*_h100.json, which set the mass exceptions ``MASS_CONFIGS``). It times it against other ``eb/num_warps[/sS]`` choices (S: Triton num_stages) and the
 einsum chain, per problem and order: first a correctness check of every configuration
 against the einsum reference on a ragged element count, then the median over
 ``--repeats`` samples of ``--inner`` back-to-back applies (:func:`jaxsem.bench._time`) at
@@ -40,10 +40,10 @@ PROBLEMS = {"bk1": ("mass", 1), "bk2": ("mass", 3), "bk3": ("stiffness", 1), "bk
 GPU_CONFIGS = ["einsum", "default", "1/4", "1/8", "1/8/s2", "1/16", "2/4", "2/8", "4/8"]
 
 
-def parse_config(text, n, q, dtype):
+def parse_config(text, n, q, dtype, op):
     """``einsum``, ``default`` or ``eb/num_warps[/sS]``."""
     if text in ("einsum", "default"):
-        return None if text == "einsum" else default_config_gauss(n, q, dtype)
+        return None if text == "einsum" else default_config_gauss(n, q, dtype, op)
     eb, nw, *rest = text.split("/")
     stages = int(rest[0][1:]) if rest else 1
     return FusedConfig("chunk", int(eb), int(nw), num_stages=stages)
@@ -117,7 +117,7 @@ def main(argv=None):
                 row = dict(order=order, problem=prob, config=text, elements=E, dofs=comps * E * order**3,
                            bytes_per_dof=bpd)
                 try:
-                    cfg = parse_config(text, n, order + 2, dtype)
+                    cfg = parse_config(text, n, order + 2, dtype, op)
                     fn = make_fn(op, cfg, interpret)
                     w = fn(*small)
                     row["rel_error"] = float(jnp.linalg.norm((w - ref).ravel()) / jnp.linalg.norm(ref.ravel()))

@@ -131,6 +131,9 @@ GAUSS_CASES = [
     ("mass", 3, 3, 3, FusedConfig("chunk", 2, 4)),
     ("stiffness", 3, None, 3, FusedConfig("chunk", 2, 4)),
     ("stiffness", 2, 3, 5, FusedConfig("chunk", 4, 4)),
+    # the mass defaults MASS_CONFIGS picks (p = 3: eb 4, ragged E; p = 7: eb 2, QP 16)
+    ("mass", 3, None, 5, FusedConfig("chunk", 4, 4)),
+    ("mass", 7, None, 3, FusedConfig("chunk", 2, 4)),
 ]
 
 
@@ -200,3 +203,6 @@ def test_gauss_vjp_and_entry_points():
     assert gauss_fused_supported(u, J) and not gauss_fused_supported(u, jnp.zeros((17, 3)))
     cfg = default_config_gauss(8, 9)
     assert (cfg.elements_per_block, cfg.num_warps) == (1, 8)
+    # mass: the launches measured best on an H100 (p = 3 and 7), the rule elsewhere
+    assert [(c.elements_per_block, c.num_warps) for c in
+            (default_config_gauss(n, n + 1, op="mass") for n in (4, 6, 8, 10))] == [(4, 4), (2, 4), (2, 4), (1, 8)]

@@ -505,16 +505,27 @@ GAUSS_OPS = ("mass", "stiffness")
 MAX_Q = 16  # q ≤ 16 (p ≤ 14); a 32³-point padded tile does not fit
 
 
-def default_config_gauss(n: int, q: int, dtype=jnp.float64) -> FusedConfig:
-    """Starting configuration for the Gauss kernels (compiled for sm_90 on CPU, not yet timed).
+# Mass kernels whose best launch differs from the rule below, by (NP, QP): measured on an
+# H100, FP64 (experiments/results/gauss_kernels*_h100.json): BK1 p = 3 (NP 4, QP 8) 8.9
+# against 6.8 GDOF/s, p = 7 (NP 8, QP 16) 15.1 against 11.0. At p = 5, 9, 11 and for every
+# stiffness order swept (3, 5, 7, 9, 11) the rule was best or within 2%.
+MASS_CONFIGS = {(4, 8): (4, 4), (8, 16): (2, 4)}
+
+
+def default_config_gauss(n: int, q: int, dtype=jnp.float64, op: str = "stiffness") -> FusedConfig:
+    """Launch configuration of the Gauss kernels (``op``: "mass" or "stiffness").
 
     eb = 16 / QP elements per block (the smallest with the quadrature-side
     products' K = eb·QP ≥ 16; the u tile's k axis is padded to 16/eb when
     eb·NP < 16, see :func:`_kpad`); 4 warps up to a 2048-point quadrature tile
-    eb·QP³, else 8. Triton 3.6 for sm_90, FP64: no spills for p ≤ 7 (stiffness
-    p = 7: 255 registers), small spills at p = 11, heavy at p = 14.
+    eb·QP³, else 8; mass exceptions in :data:`MASS_CONFIGS`. Triton 3.6 for
+    sm_90, FP64: no spills for p ≤ 7 (stiffness p = 7: 255 registers), small
+    spills at p = 11, heavy at p = 14.
     """
-    QP = max(4, _np2(q))
+    NP, QP = max(4, _np2(n)), max(4, _np2(q))
+    if op == "mass" and (NP, QP) in MASS_CONFIGS:
+        eb, warps = MASS_CONFIGS[NP, QP]
+        return FusedConfig("chunk", eb, warps)
     eb = max(1, 16 // QP)
     return FusedConfig("chunk", eb, 4 if eb * QP**3 <= 2048 else 8)
 
@@ -750,7 +761,7 @@ def _gauss_entry(name, u, J, Dt, data, op, interpret, config, over):
                          f"J: (q, n), float32/float64; got u {u.shape} {u.dtype}, J {J.shape}")
     n, q = u.shape[-1], J.shape[0]
     if config is None:
-        config = default_config_gauss(n, q, u.dtype)
+        config = default_config_gauss(n, q, u.dtype, op)
     config = dataclasses.replace(config, **{k: v for k, v in over.items() if v is not None})
     _check_config_gauss(config, n, q)
     if interpret is None:
