@@ -168,6 +168,20 @@ def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[
     )
 
 
+def _put_stacked(parts, dmesh: jax.sharding.Mesh):
+    """Rank parts (pytrees of equal-shaped host arrays) → one pytree of ``(P, ...)`` arrays sharded
+    over ``dmesh``'s axis, each part copied straight to its device: no host-side ``np.stack``
+    (a second copy of everything, ≈ 24 GB for BP5 at 79 M DOFs)."""
+    devices = list(dmesh.devices.ravel())
+    sharding = NamedSharding(dmesh, PS(_axis(dmesh)))
+
+    def leaf(*a):
+        shards = [jax.device_put(np.asarray(x)[None], d) for x, d in zip(a, devices)]
+        return jax.make_array_from_single_device_arrays((len(a),) + np.shape(a[0]), sharding, shards)
+
+    return jax.tree.map(leaf, *parts)
+
+
 def _plan_sizes(plans):
     """Common padded sizes of P rank plans: ``(N_max, width, round_len)``."""
     N_max = max(p.num_global for p in plans)
@@ -240,9 +254,7 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
     N_max, width, round_len = _plan_sizes([s.gs for s in sems])
     comm = ShardComm(axis_name=axis_name, size=P)
     padded = [_pad_rank(s, E_max, N_max, width, round_len, comm) for s in sems]
-    sharding = NamedSharding(dmesh, PS(axis_name))
-    stacked = jax.tree.map(lambda *a: jax.device_put(np.stack(a), sharding), *padded)
-    return stacked, dmesh
+    return _put_stacked(padded, dmesh), dmesh
 
 
 def _pad_dg(dg, E_max: int, N_max: int, width: int, round_len: Sequence[int], H_max: int, comm: ShardComm):
@@ -302,9 +314,7 @@ def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", pa
     H_max = max((int(d.halo.shape[0]) for d in dgs if d.halo is not None), default=0)
     comm = ShardComm(axis_name=axis_name, size=P)
     padded = [_pad_dg(d, E_max, N_max, width, round_len, H_max, comm) for d in dgs]
-    sharding = NamedSharding(dmesh, PS(axis_name))
-    stacked = jax.tree.map(lambda *a: jax.device_put(np.stack(a), sharding), *padded)
-    return stacked, dmesh
+    return _put_stacked(padded, dmesh), dmesh
 
 
 def per_rank(fn: Callable, stacked, mesh: jax.sharding.Mesh):
@@ -316,8 +326,7 @@ def per_rank(fn: Callable, stacked, mesh: jax.sharding.Mesh):
     """
     P = mesh.devices.size
     outs = [fn(jax.tree.map(lambda a: np.asarray(a)[r], stacked)) for r in range(P)]
-    sharding = NamedSharding(mesh, PS(_axis(mesh)))
-    return jax.tree.map(lambda *a: jax.device_put(np.stack([np.asarray(x) for x in a]), sharding), *outs)
+    return _put_stacked(outs, mesh)
 
 
 def bp_discretize_sharded(mesh: Mesh, bp: int, devices=None, axis_name: str = "ranks", partition=None, **kw):
