@@ -106,7 +106,7 @@ def _setup(a, elements, comm=None, P=1):
     mesh = box_mesh(elements, a.order, lengths=tuple(float(v) for v in elements), periodic=(True,) * 3)
     dtype = jnp.dtype(a.dtype)
     if a.backend == "shard":
-        dg, dmesh = shard.discretize_dg_sharded(mesh, devices=P, dtype=dtype)
+        dg, dmesh = shard.discretize_dg_sharded(mesh, devices=P, dtype=dtype, exchange=a.exchange)
     else:
         dg, dmesh = discretize_dg(mesh, dtype=dtype, comm=comm), None
     if a.model == "maxwell":
@@ -190,7 +190,8 @@ def run(a):
                 evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
             sps = t_run / steps
             flops = flops_per_step(a.model, a.order, E)
-            row = dict(model=a.model, backend=a.backend, ranks=P, schedule=schedule, elements=list(elements),
+            row = dict(model=a.model, backend=a.backend, exchange=a.exchange if a.backend == "shard" else "sendrecv",
+                       ranks=P, schedule=schedule, elements=list(elements),
                        num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
                        dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
                        exchange_seconds=t_x, exchange_share=5 * t_x / sps, gflops=flops / sps / 1e9,
@@ -248,6 +249,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--schedules", default="bulk", help="advection: comma list of bulk, overlap")
     ap.add_argument("--form", default="chain", choices=["chain", "split"], help="maxwell: curl form")
+    ap.add_argument("--exchange", default="rounds", choices=["rounds", "alltoall"],
+                    help="shard backend: one ppermute per round of rank pairs, or one all_to_all")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)

@@ -4,6 +4,7 @@
 #
 #   PART=bp5 bash experiments/run_h200.sh   -> $OUT/h200_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
 #   PART=bp5_8 / PART=dg_8 bash experiments/run_h200.sh  -> the P = 1 and P = 8 points on nvidia-h200-x8
+#   PART=a2a [NGPU=8] bash experiments/run_h200.sh      -> shard exchange rounds vs alltoall (BP5, Maxwell)
 #   PART=dg  bash experiments/run_h200.sh   -> $OUT/h200_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
 #                                                                  mpi4jax host-staging variants)
 # Each stage has its own time limit and the results so far are packed on exit, so a slow stage costs
@@ -61,6 +62,15 @@ if [[ $PART == dg_8 ]]; then  # nvidia-h200-x8: Maxwell N = 7 at P = 1 and 8 (we
   stage mx_mpi8 150 $MPI 8 $D --model maxwell --backend mpi --steps 20 --sizes $MX --out $RES/mx_mpi_P8.json
   stage adv_8 120 $D --model advection --backend shard --devices 1,8 --steps 10 --schedules bulk,overlap \
       --sizes 40x40x40,80x40x40 --out $RES/adv_shard_P18.json
+fi
+
+if [[ $PART == a2a ]]; then  # shard exchange: one ppermute per round vs one all_to_all (NGPU devices, default 8)
+  N=${NGPU:-8}; STRONG=${STRONG:-16x16x16,32x32x16,64x32x32}; MXS=${MXS:-40x20x8,40x40x20}
+  for ex in rounds alltoall; do
+    stage bp5_$ex 150 $S --backend shard --devices $N --sizes $STRONG --exchange $ex --out $RES/bp5_shard_P${N}_$ex.json
+    stage mx_$ex 100 $D --model maxwell --backend shard --devices $N --steps 20 --sizes $MXS --exchange $ex \
+        --out $RES/mx_shard_P${N}_$ex.json
+  done
 fi
 
 if [[ $PART == bp5 ]]; then

@@ -138,7 +138,7 @@ def _run_shard_one(a, mesh, numbering, elements, P, its, reps, f):
     from jaxsem.solvers import pcg
 
     t0 = time.perf_counter()
-    sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P, numbering=numbering)
+    sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P, numbering=numbering, exchange=a.exchange)
     b, dinv = shard.shard_call(lambda s: (poisson.load(s, f), poisson.jacobi(s)), sem, mesh=dmesh)
     jax.block_until_ready((sem, b, dinv))
     setup = time.perf_counter() - t0
@@ -156,7 +156,7 @@ def _run_shard_one(a, mesh, numbering, elements, P, its, reps, f):
     n_it = int(np.asarray(info.iterations).ravel()[0])
     E = int(np.prod(elements))
     dofs = E * a.order**3
-    row = dict(backend="shard", impl=a.impl, ranks=P, elements=list(elements), num_elements=E, order=a.order,
+    row = dict(backend="shard", impl=a.impl, exchange=a.exchange, ranks=P, elements=list(elements), num_elements=E, order=a.order,
                dofs=dofs, dofs_per_rank=dofs / P, iterations=n_it, seconds=t_solve,
                seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs, ax_seconds=t_ax,
                gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve, setup_seconds=setup)
@@ -262,6 +262,8 @@ def main(argv=None):
     ap.add_argument("--order", type=int, default=3)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
     ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--exchange", default="rounds", choices=["rounds", "alltoall"],
+                    help="shard backend: one ppermute per round of rank pairs, or one all_to_all")
     ap.add_argument("--impl", default="einsum", choices=["einsum", "fused", "auto"],
                     help="BK5 local operator: einsum chain or the fused Pallas kernel (GPU)")
     ap.add_argument("--repeats", type=int, default=3)

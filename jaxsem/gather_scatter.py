@@ -73,10 +73,37 @@ def _round_messages(ex: Exchange, s):
     """
     bufs = [s[..., i] for i in ex.idx]
     if isinstance(ex.comm, _comm.ShardComm):
+        if ex.comm.exchange == "alltoall" and bufs:
+            return _alltoall_messages(ex, bufs)
         return [jax.lax.ppermute(buf, ex.comm.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
                 for rnd, buf in zip(ex.rounds, bufs)]
     return [_comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm) if p >= 0 else None
             for p, buf in zip(ex.partners, bufs)]
+
+
+def _alltoall_messages(ex: Exchange, bufs):
+    """Every round's message in one ``lax.all_to_all`` (ShardComm ``exchange="alltoall"``).
+
+    Row q of a ``(P + 1, M)`` send buffer holds this shard's message to rank q
+    (M: the longest round; row P collects the rounds this shard sits out); after
+    the all-to-all, row q holds what rank q sent here, and round r reads the row
+    of its partner (a zero row when it has none).
+    """
+    P, R = ex.comm.size, len(bufs)
+    table = np.full((R, P), P, np.int32)  # partner of each rank in each round; P = none
+    for r, rnd in enumerate(ex.rounds):
+        for a, b in rnd:
+            table[r, a], table[r, b] = b, a
+    partner = jnp.asarray(table)[:, jax.lax.axis_index(ex.comm.axis_name)]  # (R,)
+    lead, lens = bufs[0].shape[:-1], [b.shape[-1] for b in bufs]
+    M = max(lens)
+    send = jnp.zeros(lead + (P + 1, M), bufs[0].dtype)
+    for r, b in enumerate(bufs):
+        send = send.at[..., partner[r], : lens[r]].set(b)
+    axis = len(lead)
+    recv = jax.lax.all_to_all(send[..., :P, :], ex.comm.axis_name, axis, axis)
+    recv = jnp.concatenate([recv, jnp.zeros(lead + (1, M), recv.dtype)], axis=axis)
+    return [recv[..., partner[r], : lens[r]] for r in range(R)]
 
 
 def exchange_add(ex: Exchange, s):

@@ -63,7 +63,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from .comm import Comm, ShardComm
+from .comm import SHARD_EXCHANGES, Comm, ShardComm
 from .discretization import SEM, discretize
 from .gather_scatter import Exchange, GatherScatter
 from .mesh import Mesh
@@ -220,8 +220,13 @@ def _mesh_and_partition(mesh: Mesh, devices, axis_name: str, partition):
     return dmesh, P, part
 
 
+def _check_exchange(exchange):
+    if exchange not in SHARD_EXCHANGES:
+        raise ValueError(f"exchange must be one of {SHARD_EXCHANGES}, got {exchange!r}")
+
+
 def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
-                       **discretize_kwargs):
+                       exchange: str = "rounds", **discretize_kwargs):
     """Discretize ``mesh`` over P devices of this process, as stacked, sharded rank parts.
 
     Args:
@@ -231,6 +236,8 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
       axis_name: name of the device-mesh axis (and of the ``ShardComm``).
       partition: ``(E,)`` rank in ``[0, P)`` of each element (default
         :func:`jaxsem.partition.partition_mesh`); every rank needs ≥ 1 element.
+      exchange: ``"rounds"`` (one ``ppermute`` per round of rank pairs) or
+        ``"alltoall"`` (one ``all_to_all`` for all rounds); see :class:`ShardComm`.
       **discretize_kwargs: ``quadrature``, ``dirichlet``, ``gs_layout``,
         ``dtype``, ``q``, ``numbering`` of :func:`jaxsem.discretize`.
 
@@ -246,13 +253,14 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
     """
     if "comm" in discretize_kwargs:
         raise TypeError("discretize_sharded sets 'comm' itself (ShardComm)")
+    _check_exchange(exchange)
     dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     if discretize_kwargs.get("numbering") is None:
         discretize_kwargs["numbering"] = number_nodes(mesh)
     sems = [discretize(mesh, comm=Comm(rank=r, size=P), partition=part, **discretize_kwargs) for r in range(P)]
     E_max = max(s.num_elements for s in sems)
     N_max, width, round_len = _plan_sizes([s.gs for s in sems])
-    comm = ShardComm(axis_name=axis_name, size=P)
+    comm = ShardComm(axis_name=axis_name, size=P, exchange=exchange)
     padded = [_pad_rank(s, E_max, N_max, width, round_len, comm) for s in sems]
     return _put_stacked(padded, dmesh), dmesh
 
@@ -287,14 +295,15 @@ def _pad_dg(dg, E_max: int, N_max: int, width: int, round_len: Sequence[int], H_
 
 
 def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
-                          dtype=jnp.float64, gs_layout: str = "segment"):
+                          dtype=jnp.float64, gs_layout: str = "segment", exchange: str = "rounds"):
     """:func:`jaxsem.dg.discretize_dg` over P devices of this process (stacked, sharded rank parts).
 
     The DG counterpart of :func:`discretize_sharded` (same arguments, same
     stacking and padding rules): returns ``(dg_stacked, device_mesh)`` with
     every leaf ``(P, ...)``, e.g. ``x: (P, 3, E_max, n, n, n)``, ``elements:
-    (P, E_max)`` (−1 for dummies), and ``comm = ShardComm(axis_name, P)``. The
-    face exchange is one ``ppermute`` per round of rank pairs.
+    (P, E_max)`` (−1 for dummies), and ``comm = ShardComm(axis_name, P, exchange)``.
+    The face exchange is one ``ppermute`` per round of rank pairs (``exchange="rounds"``)
+    or one ``all_to_all`` (``"alltoall"``).
 
     Dummy elements have ``mass = 0`` and copy rank-local element 0's geometry;
     all their face points map to one trash point, so a field that is 0 on
@@ -305,6 +314,7 @@ def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", pa
     """
     from .dg import discretize_dg, face_connectivity
 
+    _check_exchange(exchange)
     dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     conn = face_connectivity(mesh)
     dgs = [discretize_dg(mesh, dtype=dtype, gs_layout=gs_layout, connectivity=conn, comm=Comm(rank=r, size=P),
@@ -312,7 +322,7 @@ def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", pa
     E_max = max(d.num_elements for d in dgs)
     N_max, width, round_len = _plan_sizes([d.fgs for d in dgs])
     H_max = max((int(d.halo.shape[0]) for d in dgs if d.halo is not None), default=0)
-    comm = ShardComm(axis_name=axis_name, size=P)
+    comm = ShardComm(axis_name=axis_name, size=P, exchange=exchange)
     padded = [_pad_dg(d, E_max, N_max, width, round_len, H_max, comm) for d in dgs]
     return _put_stacked(padded, dmesh), dmesh
 
