@@ -94,15 +94,19 @@ def bp5():
                strong=strong, weak=weak, fits=fits, rows=rows)
     with open(os.path.join(OUT, "scaling_h200.json"), "w") as fh:
         json.dump(res, fh, indent=1)
-    print("BP5 strong:")
-    for e in strong:
-        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n={e['size']:.3e} eta={e['efficiency']:.3f}")
-    print("BP5 weak:")
-    for e in weak:
-        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n/P={e['per_rank']:.3e} eta={e['efficiency']:.3f}")
+    print_eta("BP5", strong, weak)
     print("fits:", json.dumps(fits))
     gs = [(r["backend"], r["ranks"], r["elements"], round(r["gs_share"], 3)) for r in rows]
     print("gs shares:", gs)
+
+
+def print_eta(title, strong, weak):
+    print(f"{title} strong:")
+    for e in strong:
+        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n={e['size']:.3e} eta={e['efficiency']:.3f}")
+    print(f"{title} weak:")
+    for e in weak:
+        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n/P={e['per_rank']:.3e} eta={e['efficiency']:.3f}")
 
 
 def maxwell():
@@ -122,12 +126,7 @@ def maxwell():
     png = dg_scaling.plot([tmp])
     os.remove(tmp)
     os.replace(png, os.path.join(OUT, "maxwell_scaling_h200.png"))
-    print("Maxwell strong:")
-    for e in strong:
-        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n={e['size']:.3e} eta={e['efficiency']:.3f}")
-    print("Maxwell weak:")
-    for e in weak:
-        print(f"  {e['machine']} {e['backend']:5s} P={e['ranks']} n/P={e['per_rank']:.3e} eta={e['efficiency']:.3f}")
+    print_eta("Maxwell", strong, weak)
     print("exchange shares:", [(r["machine"], r["backend"], r["ranks"], r["elements"], round(r["exchange_share"], 3))
                                for r in rows])
 
