@@ -3,6 +3,7 @@
 import json
 
 import jax
+import pytest
 
 from jaxsem.cli import main
 from jaxsem.comm import Comm
@@ -11,8 +12,10 @@ from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 
 
-def test_cli_solve_distributed(comm, capsys):
-    code = main(["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--json", "-q"])
+@pytest.mark.parametrize("impl", ["auto", "fused"])
+def test_cli_solve_distributed(comm, capsys, impl):
+    """Also with the fused kernel (Pallas interpret mode on a CPU) inside the MPI solve."""
+    code = main(["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--impl", impl, "--json", "-q"])
     out = capsys.readouterr().out
     sem = discretize(box_mesh((4, 2, 2), 3, deform=0.1), comm=Comm())
     ms = poisson.manufactured(5)
@@ -22,6 +25,7 @@ def test_cli_solve_distributed(comm, capsys):
     if comm.rank == 0:
         r = json.loads(out)
         assert r["ranks"] == comm.size and r["dofs"] == 16 * 27 and r["converged"] is True
+        assert r["impl"] == ("einsum" if impl == "auto" else "pallas")
         assert r["iterations"] == int(info.iterations)
         assert abs(r["error_l2"] - l2) < 1e-9 * l2
     else:
