@@ -90,7 +90,8 @@ def test_public_entry_points_and_h1():
     assert default_config(8).variant in ("chunk", "kron", "mixed", "bcast")
 
 
-def test_vjp_is_the_operator_and_matches_reference():
+def test_derivatives_match_reference():
+    """Reverse and forward mode through the fused kernel (its JVP is the reference's)."""
     u, D, G = _inputs(11, 3, 4)
     v = jnp.asarray(np.random.default_rng(12).standard_normal(u.shape))
     f = lambda u, D, G: jnp.vdot(v, stiffness_gll_fused(u, D, G, interpret=INTERPRET))
@@ -100,9 +101,13 @@ def test_vjp_is_the_operator_and_matches_reference():
     assert _rel(gu, ru) < 1e-13 and _rel(gD, rD) < 1e-13 and _rel(gG, rG) < 1e-13
     # symmetric operator: the u-gradient is A v
     assert _rel(gu, stiffness_gll(v, D, G)) < 1e-13
-    # second order through the custom VJP: d/du of <A u, A u>/2 = A A u
+    # d/du of <A u, A u>/2 = A A u
     h = jax.grad(lambda u: 0.5 * jnp.sum(stiffness_gll_fused(u, D, G, interpret=INTERPRET) ** 2))(u)
     assert _rel(h, stiffness_gll(stiffness_gll(u, D, G), D, G)) < 1e-12
+    # forward mode in G (the operator is linear in G too: the tangent is A(u; dG))
+    dG = jnp.asarray(np.random.default_rng(13).standard_normal(G.shape))
+    w, dw = jax.jvp(lambda G: stiffness_gll_fused(u, D, G, interpret=INTERPRET), (G,), (dG,))
+    assert _rel(w, stiffness_gll(u, D, G)) < 1e-13 and _rel(dw, stiffness_gll(u, D, dG)) < 1e-13
 
 
 # ----------------------------------------------------------------------------- Gauss kernels, vectors, bk_apply

@@ -84,8 +84,9 @@ def test_bad_bp():
 
 @pytest.mark.parametrize("bp", [1, 4, 5])
 def test_solve_fused_kernels_match_einsum(bp):
-    """impl="fused" (Pallas, interpret mode on a CPU) solves by plain PCG to the same iterate as
-    the differentiable einsum path; kernels() says which one runs; a bad impl is named."""
+    """impl="fused" (Pallas, interpret mode on a CPU) gives the einsum path's iterates and, through
+    the implicit adjoint, its gradients w.r.t. the coefficient and the source; kernels() says
+    which one runs; a bad impl is named."""
     sem = poisson.bp_discretize(box_mesh((1, 1, 2), 2, deform=0.1), bp)
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)
@@ -95,6 +96,18 @@ def test_solve_fused_kernels_match_einsum(bp):
     h_e, h_f = np.asarray(i_e.history), np.asarray(i_f.history)
     np.testing.assert_allclose(h_f, h_e, rtol=1e-9, atol=1e-12 * h_e[0])
     b = poisson.load(sem, ms.f)
+
+    def loss(impl):  # the coefficient BPk has (h1 or h2) scaled by c; the source as rhs
+        def f(c, rhs):
+            u, _ = poisson.solve(sem, None, c * h1 if h1 else 0.0, c * h2 if h2 else 0.0, tol=1e-13,
+                                 maxiter=200, rhs=rhs, impl=impl)
+            return jnp.sum(u**2)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(1.3, b)
+
+    (v_e, (gc_e, gb_e)), (v_f, (gc_f, gb_f)) = loss("einsum"), loss("fused")
+    assert float(v_f) == pytest.approx(float(v_e), rel=1e-12)
+    assert float(gc_f) == pytest.approx(float(gc_e), rel=1e-10) and float(gc_e) != 0.0
+    np.testing.assert_allclose(np.asarray(gb_f), np.asarray(gb_e), rtol=0, atol=1e-10 * float(jnp.abs(gb_e).max()))
     assert poisson.kernels(sem, b, h1, h2, "auto") == "einsum"  # CPU
     assert poisson.kernels(sem, b, h1, h2, "fused") == "pallas"
     with pytest.raises(ValueError, match="impl"):

@@ -34,9 +34,9 @@ some elements are computed twice and written twice with identical values; no
 masks are needed when n is a power of two. Other n are loaded with masked
 gathers into the padded tile (D zero-padded, padded points never stored).
 
-Differentiation: the operator is linear and symmetric in u, so the VJP w.r.t. u
-applies the same kernel to the cotangent; the VJP w.r.t. D and G goes through
-the einsum reference (under ``jit`` it is dropped when not needed).
+Differentiation: a custom JVP whose tangent is the einsum reference's, so
+forward and reverse mode work and ``lax.custom_linear_solve`` can transpose the
+derivative (see :func:`_fused_jvp`); the kernel itself is only the primal.
 
 Measured numbers and the reasoning: ``experiments/NOTES_speed.md``,
 ``experiments/bk5_kernels.py``.
@@ -419,24 +419,24 @@ def _apply_batched(u, D, G, cfg, interpret):
     return _fused_apply(flat, D, G, cfg, interpret).reshape(u.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+# Differentiation: a custom JVP whose tangent is the einsum reference's (the kernel is only
+# the primal), so forward mode works and reverse mode transposes the reference's tangent.
+# A custom_vjp (the kernel as its own VJP, as before) cannot be pushed forward, and
+# jax.lax.custom_linear_solve needs the JVP of its matvec w.r.t. the coefficients and
+# geometry. The matvec itself (a pallas_call) still has no transpose:
+# jaxsem.solvers.pcg.linear_solve(transposable=False) avoids asking for one. Solves keep the
+# kernel in every PCG iteration, forward and adjoint; only a gradient's extra operator
+# application runs the reference.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _fused(u, D, G, cfg, interpret):
     return _apply_batched(u, D, G, cfg, interpret)
 
 
-def _fused_fwd(u, D, G, cfg, interpret):
-    return _apply_batched(u, D, G, cfg, interpret), (u, D, G)
-
-
-def _fused_bwd(cfg, interpret, res, g):
-    u, D, G = res
-    gu = _fused(g, D, G, cfg, interpret)  # A_e is symmetric: Aᵀ g = A g
-    _, vjp = jax.vjp(lambda D_, G_: stiffness_gll(u, D_, G_), D, G)
-    gD, gG = vjp(g)
-    return gu, gD, gG
-
-
-_fused.defvjp(_fused_fwd, _fused_bwd)
+@_fused.defjvp
+def _fused_jvp(cfg, interpret, primals, tangents):
+    u, D, G = primals
+    _, dw = jax.jvp(stiffness_gll, (u, D, G), tangents)
+    return _fused(u, D, G, cfg, interpret), dw
 
 
 def _default_interpret() -> bool:
@@ -736,23 +736,16 @@ def _gauss_reference(u, J, Dt, data, op):
     return mass(u, J, data) if op == "mass" else stiffness(u, J, Dt, data)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5, 6))
 def _gauss(u, J, Dt, data, op, cfg, interpret):
     return _gauss_batched(u, J, Dt, data, op, cfg, interpret)
 
 
-def _gauss_fwd(u, J, Dt, data, op, cfg, interpret):
-    return _gauss_batched(u, J, Dt, data, op, cfg, interpret), (u, J, Dt, data)
-
-
-def _gauss_bwd(op, cfg, interpret, res, g):
-    u, J, Dt, data = res
-    gu = _gauss(g, J, Dt, data, op, cfg, interpret)  # symmetric element operator: Aᵀ g = A g
-    _, vjp = jax.vjp(lambda J_, Dt_, d_: _gauss_reference(u, J_, Dt_, d_, op), J, Dt, data)
-    return (gu,) + vjp(g)
-
-
-_gauss.defvjp(_gauss_fwd, _gauss_bwd)
+@_gauss.defjvp
+def _gauss_jvp(op, cfg, interpret, primals, tangents):  # tangent: the reference's (see _fused)
+    u, J, Dt, data = primals
+    _, dw = jax.jvp(lambda *a: _gauss_reference(*a, op), primals, tangents)
+    return _gauss(u, J, Dt, data, op, cfg, interpret), dw
 
 
 def _gauss_entry(name, u, J, Dt, data, op, interpret, config, over):

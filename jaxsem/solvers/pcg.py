@@ -205,6 +205,7 @@ def linear_solve(
     maxiter: int = 1000,
     dots: Callable | None = None,
     method: str = "classic",
+    transposable: bool = True,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -217,7 +218,12 @@ def linear_solve(
     be warned when the adjoint does not converge) use :func:`jaxsem.inverse.solve`.
 
     Args: ``project`` as above; ``weight`` the inverse multiplicity E-vector
-    (times the mask); others as :func:`pcg`. Returns ``(x, PCGInfo)``.
+    (times the mask); ``transposable=False`` for an ``A`` that JAX cannot
+    transpose (the fused kernels): the transpose solve above never applies
+    the operator JAX hands it, so it is handed ``A`` itself (JAX's
+    ``symmetric=True``). First derivatives are exact either way; second
+    derivatives through such a solve are not supported. Others as
+    :func:`pcg`. Returns ``(x, PCGInfo)``.
     """
     run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots, method=method)
 
@@ -228,4 +234,4 @@ def linear_solve(
         y, info = run(project(ct / jnp.where(weight != 0, weight, 1)))
         return weight * y, info
 
-    return lax.custom_linear_solve(A, b, solve, transpose_solve, has_aux=True)
+    return lax.custom_linear_solve(A, b, solve, transpose_solve, symmetric=not transposable, has_aux=True)
