@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
+from jaxsem import bench
 from jaxsem import timestepping as ts
 from jaxsem.dg import discretize_dg
 from jaxsem.mesh import box_mesh
@@ -66,11 +67,7 @@ def timed(fn, args, repeats: int) -> dict:
     jax.block_until_ready(fn(*args))
     first = time.perf_counter() - tic
     jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - tic)
+    _, times = bench._time(fn, args, repeats)
     return dict(seconds=statistics.median(times), seconds_min=min(times), first_call_seconds=first,
                 repeats=repeats)
 

@@ -216,6 +216,19 @@ def run(args):
     return result
 
 
+def _finish(fig, axes, path):
+    """Grid and legend on every panel, then save ``path`` and close."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(path):
     import matplotlib
 
@@ -254,12 +267,7 @@ def plot(path):
         ax.set_yscale("log")
         ax.set_title(f"{kind.upper()}: solid fused/auto, dashed einsum, dotted ceiling\n"
                      f"{res['device']}, {res['dtype']}, copy {bw / 1e9:.0f} GB/s")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    outs.append(base + "_order.png")
-    fig.savefig(outs[-1], dpi=110)
-    plt.close(fig)
+    outs.append(_finish(fig, axes, base + "_order.png"))
 
     # DOFs/s vs points per device at the sweep order (bake-off Figs. 17/18)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -280,12 +288,7 @@ def plot(path):
         ax.set_xlabel("points per device (E·p³)")
         ax.set_ylabel("GDOF/s")
         ax.set_title(f"{kind.upper()} at p = {res['sweep_order']} vs size, {res['device']}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    outs.append(base + "_size.png")
-    fig.savefig(outs[-1], dpi=110)
-    plt.close(fig)
+    outs.append(_finish(fig, axes, base + "_size.png"))
     for o in outs:
         print(o)
     return outs

@@ -28,7 +28,6 @@ from ..operators.fused import (
     IMPLS, _resolve, fused_supported, gauss_fused_supported, mass_auto, stiffness_auto, stiffness_gll_auto,
 )
 from ..operators.tensor import interp, interp_t
-from ..solvers import pcg
 from ..solvers.pcg import linear_solve
 
 __all__ = [
