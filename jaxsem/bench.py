@@ -166,7 +166,7 @@ def _time(fn, args, repeats, inner: int = 1):
     return out, times
 
 
-IMPLS = ("auto", "einsum", "fused", "pallas")
+IMPLS = ("auto", "einsum", "fused", "pallas", "cuda")
 
 
 def _check_impl(impl):

@@ -104,9 +104,9 @@ def _build_parser() -> _Parser:
                    help="relative residual tolerance, 0 < tol < 1 (default 1e-10; 1e-5 for float32)")
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
-    s.add_argument("--impl", choices=("auto", "einsum", "fused"), default=None,
-                   help="poisson: element kernels, fused Pallas on a GPU and einsum elsewhere (auto, default), "
-                        "or force one")
+    s.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default=None,
+                   help="poisson: element kernels, the faster GPU kernel (CUDA or Pallas) on a GPU and einsum "
+                        "elsewhere (auto, default), or force one")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
         s.add_argument(flag, default=None, **kw)
     for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
@@ -123,9 +123,9 @@ def _build_parser() -> _Parser:
                    help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
     b.add_argument("--bandwidth", default=None, metavar="GBPS",
                    help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
-    b.add_argument("--impl", choices=("auto", "einsum", "fused"), default="auto",
-                   help="element kernel: fused Pallas on a GPU and einsum elsewhere (auto, default), "
-                        "or force one")
+    b.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default="auto",
+                   help="element kernel: the faster GPU kernel (CUDA or Pallas) on a GPU and einsum elsewhere "
+                        "(auto, default), or force one")
     common(b)
 
     i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")
@@ -151,6 +151,10 @@ def _validate(parser: _Parser, args) -> None:
         fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
     if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
         fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
+    if getattr(args, "impl", None) == "cuda":
+        from .operators.cuda_kernels import cuda_available
+        if not cuda_available():
+            fail("argument --impl: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
         given = [f for f in {**MAXWELL_ARGS, **ADVECTION_ARGS} if getattr(args, f[2:].replace("-", "_")) is not None]
         takes = {f: ["maxwell"] * (f in MAXWELL_ARGS) + ["advection"] * (f in ADVECTION_SHARED or f in ADVECTION_ARGS)

@@ -25,7 +25,7 @@ from ..discretization import SEM, discretize
 from ..mesh import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
 from ..operators.fused import (
-    IMPLS, _resolve, fused_supported, gauss_fused_supported, mass_auto, stiffness_auto, stiffness_gll_auto,
+    IMPLS, _resolve, mass_auto, stiffness_auto, stiffness_gll_auto,
 )
 from ..operators.tensor import interp, interp_t
 from ..solvers.pcg import linear_solve
@@ -94,16 +94,15 @@ def _check_impl(impl):
 
 
 def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "einsum") -> str:
-    """What :func:`local_operator`'s ``impl`` runs here for ``u``'s shape: ``"pallas"`` if any
-    of its element kernels is the fused one, else ``"einsum"``."""
+    """What :func:`local_operator`'s ``impl`` runs here for ``u``'s shape: ``"pallas"`` or
+    ``"cuda"`` if any of its element kernels is one of those, else ``"einsum"``."""
     _check_impl(impl)
     if sem.quadrature == "gll":
-        used = [] if _is_zero(h1) else [_resolve(impl, "stiffness_gll", fused_supported(u))]
+        used = [] if _is_zero(h1) else [_resolve(impl, "stiffness_gll", u)]
     else:
-        ok = gauss_fused_supported(u, sem.J)
-        used = ([] if _is_zero(h1) else [_resolve(impl, "stiffness", ok)]) + \
-               ([] if _is_zero(h2) else [_resolve(impl, "mass", ok)])
-    return "pallas" if "pallas" in used else "einsum"
+        used = ([] if _is_zero(h1) else [_resolve(impl, "stiffness", u, sem.J)]) + \
+               ([] if _is_zero(h2) else [_resolve(impl, "mass", u, sem.J)])
+    return next((k for k in used if k != "einsum"), "einsum")
 
 
 def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
@@ -168,7 +167,7 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
         precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
-        transposable=kernels(sem, b, h1, h2, impl) == "einsum",  # a pallas_call has no transpose
+        transposable=kernels(sem, b, h1, h2, impl) == "einsum",  # a pallas/FFI call has no transpose
     )
 
 

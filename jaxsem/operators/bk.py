@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .fused import _resolve, fused_supported, gauss_fused_supported, mass_auto, stiffness_auto, stiffness_gll_auto
+from .fused import _resolve, mass_auto, stiffness_auto, stiffness_gll_auto
 from .mass import mass_diagonal
 from .stiffness import stiffness_diagonal
 
@@ -68,10 +68,10 @@ def bk_apply(spec: BKSpec, u, J, Dt, G, B, impl: str = "einsum"):
 
 
 def bk_impl(spec: BKSpec, u, J, impl: str = "einsum") -> str:
-    """What ``impl`` resolves to for ``spec`` on these shapes here: ``"einsum"`` or ``"pallas"``."""
+    """What ``impl`` resolves to for ``spec`` on these shapes here: "einsum", "pallas" or "cuda"."""
     if spec.quadrature == "gll" and spec.operator == "stiffness":
-        return _resolve(impl, "stiffness_gll", fused_supported(u))
-    return _resolve(impl, spec.operator, gauss_fused_supported(u, J))
+        return _resolve(impl, "stiffness_gll", u)
+    return _resolve(impl, spec.operator, u, J)
 
 
 def bk_diagonal(spec: BKSpec, J, Dt, G, B):

@@ -57,6 +57,7 @@ try:  # Triton-specific API (jax >= 0.4.3x); absent on some builds
 except ImportError:  # pragma: no cover
     plgpu = None
 
+from . import cuda_kernels
 from .mass import mass
 from .stiffness import stiffness, stiffness_gll
 
@@ -476,10 +477,14 @@ def stiffness_gll_fused(u, D, G, h1=None, *, interpret=None, elements_per_block=
 
 def stiffness_gll_auto(u, D, G, h1=None, impl: str = "auto", **kw):
     """BK5 stiffness with the implementation chosen: ``"einsum"`` (reference),
-    ``"pallas"`` or ``"fused"`` (:func:`stiffness_gll_fused`) or ``"auto"``: Pallas on GPU
+    ``"pallas"`` or ``"fused"`` (:func:`stiffness_gll_fused`), ``"cuda"``
+    (:func:`~jaxsem.operators.cuda_kernels.stiffness_gll_cuda`) or ``"auto"``: Pallas on GPU
     for supported shapes/dtypes, the einsum reference otherwise (CPU)."""
-    if _resolve(impl, "stiffness_gll", fused_supported(u)) == "einsum":
+    which = _resolve(impl, "stiffness_gll", u)
+    if which == "einsum":
         return stiffness_gll(u, D, G, h1)
+    if which == "cuda":
+        return cuda_kernels.stiffness_gll_cuda(u, D, G, h1)
     return stiffness_gll_fused(u, D, G, h1, **kw)
 
 
@@ -795,33 +800,58 @@ def stiffness_fused(u, J, Dt, G, h1=None, *, interpret=None, elements_per_block=
     return _gauss_entry("stiffness_fused", u, J, Dt, G, "stiffness", interpret, config, over)
 
 
-# Operators "auto" sends to the fused kernels on a GPU. The Gauss kernels pass the
-# interpreter tests and lower to Triton IR on CPU but were not yet compiled on a GPU
-# when this was written: if one fails there, drop it from this set (auto → einsum).
+# Operators "auto" sends to a GPU kernel (Pallas or CUDA); others stay einsum.
 AUTO_FUSED = frozenset({"mass", "stiffness", "stiffness_gll"})
 
-IMPLS = ("auto", "einsum", "pallas", "fused")
+# Where "auto" takes the Pallas kernel although the CUDA one runs, by (operator, n = p + 1):
+# measured faster on an H100, FP64 (README "Speed"): BK5/BK6 at p = 3 and 7 (n a power of
+# two: no padding, persistent grid with prefetch; p = 7 BK5 25.2 against 22.8 GDOF/s, BK6
+# 32.0 against 29.6) and the mass at p = 11 (30.2 against 16.1). Everywhere else the CUDA
+# kernels (experiments/results/cuda_kernels_v2_h100.json) were as fast or faster.
+PALLAS_BEST = frozenset({("stiffness_gll", 4), ("stiffness_gll", 8), ("mass", 12)})
+
+IMPLS = ("auto", "einsum", "pallas", "fused", "cuda")
 
 
-def _resolve(impl: str, operator: str, supported: bool) -> str:
-    """``impl`` → "einsum" or "pallas" ("fused" is an alias of "pallas")."""
+def _resolve(impl: str, operator: str, u, J=None) -> str:
+    """Which kernel ``impl`` runs for ``operator`` on ``u`` (and Gauss ``J``) here:
+    "einsum", "pallas" ("fused" is an alias) or "cuda" (:mod:`.cuda_kernels`).
+
+    ``"auto"``: einsum off GPU; on a GPU the CUDA kernel where it builds and runs these
+    shapes unless :data:`PALLAS_BEST` names the pair, then the Pallas kernel where it
+    supports them, else einsum.
+    """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "pallas" if (not _default_interpret() and supported and operator in AUTO_FUSED) else "einsum"
-    return "pallas" if impl == "fused" else impl
+    if impl != "auto":
+        return "pallas" if impl == "fused" else impl
+    if _default_interpret() or operator not in AUTO_FUSED:
+        return "einsum"
+    gll = operator == "stiffness_gll"
+    pallas_ok = fused_supported(u) if gll else gauss_fused_supported(u, J)
+    cuda_ok = cuda_kernels.cuda_supported(u, None if gll else J) and cuda_kernels.cuda_available()
+    if cuda_ok and not ((operator, u.shape[-1]) in PALLAS_BEST and pallas_ok):
+        return "cuda"
+    return "pallas" if pallas_ok else "einsum"
 
 
 def mass_auto(u, J, B, h2=None, impl: str = "auto", **kw):
-    """BK1/BK2 mass: ``"einsum"`` (:func:`mass`), ``"pallas"``/``"fused"`` (:func:`mass_fused`)
-    or ``"auto"`` (fused on GPU for supported shapes, einsum otherwise)."""
-    if _resolve(impl, "mass", gauss_fused_supported(u, J)) == "einsum":
+    """BK1/BK2 mass: ``"einsum"`` (:func:`mass`), ``"pallas"``/``"fused"`` (:func:`mass_fused`),
+    ``"cuda"`` (:func:`~jaxsem.operators.cuda_kernels.mass_cuda`) or ``"auto"`` (the
+    faster GPU kernel on a GPU, einsum otherwise: :func:`_resolve`)."""
+    which = _resolve(impl, "mass", u, J)
+    if which == "einsum":
         return mass(u, J, B, h2)
+    if which == "cuda":
+        return cuda_kernels.mass_cuda(u, J, B, h2)
     return mass_fused(u, J, B, h2, **kw)
 
 
 def stiffness_auto(u, J, Dt, G, h1=None, impl: str = "auto", **kw):
     """BK3/BK4 stiffness on Gauss points, implementation chosen as :func:`mass_auto`."""
-    if _resolve(impl, "stiffness", gauss_fused_supported(u, J)) == "einsum":
+    which = _resolve(impl, "stiffness", u, J)
+    if which == "einsum":
         return stiffness(u, J, Dt, G, h1)
+    if which == "cuda":
+        return cuda_kernels.stiffness_cuda(u, J, Dt, G, h1)
     return stiffness_fused(u, J, Dt, G, h1, **kw)

@@ -1,0 +1,161 @@
+"""CUDA (XLA FFI) kernels for BK1–BK6: build, check against einsum, time across orders.
+
+``jaxsem/operators/csrc/sem_kernels.cu`` (one element per thread layer, k-column in
+registers, nothing padded to powers of two). This script, on one GPU:
+
+1. builds the library (``cuda_kernels.build``; the build time is recorded);
+2. checks every kernel against the einsum reference on random data with a ragged
+   element count (E = 37), orders 1…15, FP64 (and FP32 against the FP64 reference),
+   scalar and 3-component forms;
+3. times BK1–BK6 per order (median of ``--repeats`` samples of ``--inner`` back-to-back
+   applies, :func:`jaxsem.bench._time`) at E·p³ ≈ ``--target-dofs`` for ``--impls``,
+   against the copy ceiling measured in the same run (bytes per DOF:
+   :func:`jaxsem.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
+
+    python experiments/cuda_kernels.py --out $OUT/cuda_kernels_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsem
+from jaxsem import bench, geometry
+from jaxsem.operators import cuda_kernels as ck
+from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
+
+PROBLEMS = {"bk1": ("mass", 1), "bk2": ("mass", 3), "bk3": ("stiffness", 1), "bk4": ("stiffness", 3),
+            "bk5": ("gll", 1), "bk6": ("gll", 3)}
+
+
+def inputs(key, E, order, op, components, dtype):
+    quad = geometry.quadrature(order, "gll" if op == "gll" else "gauss")
+    n, q = order + 1, quad.J.shape[0]
+    ku, kg = jax.random.split(key)
+    shape = (components, E, n, n, n) if components > 1 else (E, n, n, n)
+    u = jax.random.normal(ku, shape, dtype)
+    if op == "mass":
+        data = 1.0 + jax.random.uniform(kg, (E, q, q, q), dtype)
+    else:
+        data = jax.random.normal(kg, (6, E, q, q, q), dtype)
+    return u, jnp.asarray(quad.J, dtype), jnp.asarray(quad.Dt, dtype), data
+
+
+def apply(op, impl, u, J, Dt, data):
+    """``impl``: einsum, pallas, cuda (default variant) or cuda1 / cuda2 (that variant)."""
+    if impl in ("cuda1", "cuda2"):
+        v = int(impl[-1])
+        if op == "mass":
+            return ck.mass_cuda(u, J, data, variant=v)
+        if op == "gll":
+            return ck.stiffness_gll_cuda(u, Dt, data, variant=v)
+        return ck.stiffness_cuda(u, J, Dt, data, variant=v)
+    if op == "mass":
+        return mass_auto(u, J, data, impl=impl)
+    if op == "gll":
+        return stiffness_gll_auto(u, Dt, data, impl=impl)
+    return stiffness_auto(u, J, Dt, data, impl=impl)
+
+
+def check(orders, out, impls=("cuda1", "cuda2")):
+    key = jax.random.PRNGKey(1)
+    rows = []
+    for order in orders:
+        for prob, (op, comps) in PROBLEMS.items():
+            for dtype in (jnp.float64, jnp.float32):
+                if dtype == jnp.float32 and comps > 1:
+                    continue
+                u, J, Dt, data = inputs(key, 37, order, op, comps, jnp.float64)
+                ref = apply(op, "einsum", u, J, Dt, data)
+                args = [a.astype(dtype) for a in (u, J, Dt, data)]
+                for impl in impls:
+                    w = jax.jit(lambda *a: apply(op, impl, *a))(*args)
+                    err = float(jnp.max(jnp.abs(w.astype(jnp.float64) - ref)) / jnp.max(jnp.abs(ref)))
+                    rows.append(dict(problem=prob, order=order, impl=impl, dtype=jnp.dtype(dtype).name,
+                                     rel_error=err, finite=bool(jnp.all(jnp.isfinite(w)))))
+        worst = max(r["rel_error"] for r in rows if r["order"] == order and r["dtype"] == "float64")
+        worst32 = max(r["rel_error"] for r in rows if r["order"] == order and r["dtype"] == "float32")
+        print(f"check p={order:2d}: max rel. error FP64 {worst:.1e}, FP32 {worst32:.1e}", flush=True)
+        out["check"] = rows
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--orders", default="1-15")
+    ap.add_argument("--check-orders", default="1-15")
+    ap.add_argument("--problems", default="bk5,bk1,bk3,bk6,bk2,bk4")
+    ap.add_argument("--impls", default="cuda1,cuda2,pallas")
+    ap.add_argument("--dtype", default="float64")
+    ap.add_argument("--target-dofs", type=float, default=1.6e7)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=5)
+    ap.add_argument("--budget-seconds", type=float, default=300)
+    ap.add_argument("--out", default="cuda_kernels.json")
+    a = ap.parse_args(argv)
+    rng = lambda s: [int(x) for x in range(int(s.split("-")[0]), int(s.split("-")[1]) + 1)] if "-" in s \
+        else [int(x) for x in s.split(",")]
+    t_start = time.perf_counter()
+    dev = jax.devices()[0]
+    out = dict(device=str(getattr(dev, "device_kind", dev)), jax=jax.__version__, jaxsem=jaxsem.__version__,
+               command=" ".join(sys.argv), dtype=a.dtype, target_dofs=a.target_dofs, repeats=a.repeats,
+               inner=a.inner, rows=[])
+    save = lambda: open(a.out, "w").write(json.dumps(out, indent=1))
+    t0 = time.perf_counter()
+    ck._register()  # builds (or loads $JAXSEM_CUDA_LIB) and registers the FFI targets
+    out["build_seconds"] = time.perf_counter() - t0
+    out["library"] = os.environ.get("JAXSEM_CUDA_LIB") or str(ck.build(verbose=False))
+    print(f"library {out['library']} ready in {out['build_seconds']:.1f} s", flush=True)
+    check(rng(a.check_orders), out)
+    save()
+    bw = bench.measure_bandwidth()
+    out["bandwidth_bytes_per_second"] = bw
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    dtype = jnp.dtype(a.dtype)
+    key = jax.random.PRNGKey(0)
+    for prob in a.problems.split(","):
+        op, comps = PROBLEMS[prob]
+        for order in rng(a.orders):
+            if time.perf_counter() - t_start > a.budget_seconds:
+                out.setdefault("skipped", []).append(f"{prob} p={order}")
+                continue
+            m = max(1, round((a.target_dofs / order**3) ** (1 / 3)))
+            E = m**3
+            u, J, Dt, data = inputs(key, E, order, op, comps, dtype)
+            dofs = E * order**3 * comps
+            bpd = bench.bytes_per_dof(prob, order, a.dtype)
+            for impl in a.impls.split(","):
+                try:
+                    fn = jax.jit(lambda *x: apply(op, impl, *x))
+                    t1 = time.perf_counter()
+                    jax.block_until_ready(fn(u, J, Dt, data))
+                    compile_s = time.perf_counter() - t1
+                    _, times = bench._time(fn, (u, J, Dt, data), a.repeats, a.inner)
+                    s = statistics.median(times)
+                    rate = dofs / s
+                    ceil = bw / bpd
+                    row = dict(problem=prob, order=order, impl=impl, elements=[m] * 3, dofs=dofs, seconds=s,
+                               seconds_min=min(times), compile_seconds=compile_s, dofs_per_second=rate,
+                               bytes_per_dof=bpd, ceiling_dofs_per_second=ceil, percent_of_ceiling=100 * rate / ceil)
+                    print(f"{prob} p={order:2d} {impl:6s} E={m}^3 {rate / 1e9:6.2f} GDOF/s "
+                          f"{100 * rate / ceil:5.1f}% of {ceil / 1e9:.1f}", flush=True)
+                except Exception as exc:  # record and go on: one failing kernel must not end the sweep
+                    row = dict(problem=prob, order=order, impl=impl, error=f"{type(exc).__name__}: {exc}"[:500])
+                    print(f"{prob} p={order:2d} {impl:6s} FAILED {row['error'][:200]}", flush=True)
+                out["rows"].append(row)
+                save()
+            del u, data
+    save()
+
+
+if __name__ == "__main__":
+    main()

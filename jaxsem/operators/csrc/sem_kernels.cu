@@ -1,0 +1,784 @@
+// jaxsem CUDA kernels for the bake-off operators, called from JAX through the XLA FFI.
+//
+// The classic GPU layout of the spectral-element kernels (Świrydowicz et al. 2019,
+// SEEDS.md §2), which Triton cannot express for n or q that are not powers of two:
+//   * one element per (N×N or Q×Q) thread layer, EB elements per block;
+//   * thread (i, j) keeps the element's k-column in registers, so the t-direction
+//     contractions never leave the thread;
+//   * the r/s contractions read one k-slice from shared memory (double-buffered, two
+//     barriers per slice); D/J in shared memory;
+//   * u and the geometric factors are read once, w is written once, coalesced.
+// Arrays are the library's: u, w (C, E, n, n, n) [c, e, k, j, i]; G (6, E, m, m, m)
+// rr, rs, rt, ss, st, tt; B (E, q, q, q); D (n, n); J (q, n); Dq (q, q).
+//   BK5/BK6 (GLL, collocated):  w = Σ_ab D_aᵀ G_ab D_b u,   ur = (I⊗I⊗D) u, ...
+//   BK1/BK2 (mass, Gauss):      w = Jᵀ⊗Jᵀ⊗Jᵀ (B ⊙ J⊗J⊗J u)
+//   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
+//                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
+// Built by jaxsem/operators/cuda.py (nvcc, -arch of the device), cached per source hash.
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int threads_target = 256;
+
+template <int M>
+__host__ __device__ constexpr int elements_per_block() {
+  return (threads_target / (M * M)) > 0 ? threads_target / (M * M) : 1;
+}
+
+// ------------------------------------------------------------------------- BK5 / BK6
+template <int N, typename T>
+__global__ void __launch_bounds__(N * N * elements_per_block<N>())
+bk5_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
+           const T* __restrict__ G, T* __restrict__ w) {
+  constexpr int EB = elements_per_block<N>();
+  constexpr int P = N + 1;  // padded row: no bank conflicts between j rows
+  __shared__ T sD[N][P];    // sD[a][b] = D[a][b]
+  __shared__ T sDt[N][P];   // sDt[b][a] = D[a][b]
+  __shared__ T su[2][EB][N][P];
+  __shared__ T sr[EB][N][P];
+  __shared__ T ss[EB][N][P];
+  const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z;
+  const int tid = i + N * (j + N * z);
+  for (int t = tid; t < N * N; t += N * N * EB) {
+    sD[t / N][t % N] = D[t];
+    sDt[t % N][t / N] = D[t];
+  }
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  constexpr int64_t n2 = N * N, n3 = N * N * N;
+  const int64_t stride = E * n3;
+  const int64_t base = (active ? e : 0) * n3 + j * N + i;
+  __syncthreads();
+  for (int c = 0; c < C; ++c) {
+    const T* uc = u + c * stride + base;
+    T ru[N], rt[N], rw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) ru[k] = active ? uc[k * n2] : T(0);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) s += sD[k][m] * ru[m];
+      rt[k] = s;
+      rw[k] = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int b = k & 1;
+      su[b][z][j][i] = ru[k];
+      __syncthreads();
+      T ur = 0, us = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) {
+        ur += sDt[m][i] * su[b][z][j][m];
+        us += sD[j][m] * su[b][z][m][i];
+      }
+      const T* g = G + base + k * n2;
+      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+      if (active) {
+        g0 = g[0];
+        g1 = g[stride];
+        g2 = g[2 * stride];
+        g3 = g[3 * stride];
+        g4 = g[4 * stride];
+        g5 = g[5 * stride];
+      }
+      const T ut = rt[k];
+      sr[z][j][i] = g0 * ur + g1 * us + g2 * ut;
+      ss[z][j][i] = g1 * ur + g3 * us + g4 * ut;
+      const T gt = g2 * ur + g4 * us + g5 * ut;
+#pragma unroll
+      for (int m = 0; m < N; ++m) rw[m] += sD[k][m] * gt;
+      __syncthreads();
+      T acc = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) acc += sD[m][i] * sr[z][j][m] + sD[m][j] * ss[z][m][i];
+      rw[k] += acc;
+    }
+    if (active) {
+      T* wc = w + c * stride + base;
+#pragma unroll
+      for (int k = 0; k < N; ++k) wc[k * n2] = rw[k];
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Gauss helpers
+// Forward interpolation of one element's u (N³) to the Q×Q thread layer: on return
+// rx[c] = (J⊗J⊗J u)[c][b][a] for thread (a, b) = (x, y), c < Q.
+template <int N, int Q, int EB, typename T>
+__device__ __forceinline__ void interp_forward(const T* __restrict__ uc, bool active, int a, int b,
+                                               int z, T (*sJ)[N + 1],
+                                               T (*sU)[EB][N][N + 1], T (*sT)[Q + 1],
+                                               T (&rx)[Q]) {
+  constexpr int64_t n2 = N * N;
+  T ry[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int p = k & 1;
+    if (a < N && b < N) sU[p][z][b][a] = active ? uc[k * n2 + b * N + a] : T(0);
+    __syncthreads();
+    if (b < N) {  // (J u)[k][b][a] along i
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) s += sJ[a][m] * sU[p][z][b][m];
+      sT[z * N + b][a] = s;  // sT holds EB·N rows of Q
+    }
+    __syncthreads();
+    T s = 0;
+#pragma unroll
+    for (int m = 0; m < N; ++m) s += sJ[b][m] * sT[z * N + m][a];
+    ry[k] = s;
+  }
+#pragma unroll
+  for (int c = 0; c < Q; ++c) {
+    T s = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += sJ[c][k] * ry[k];
+    rx[c] = s;
+  }
+}
+
+// Transposed interpolation: w[k][j][i] = Σ Jᵀ⊗Jᵀ⊗Jᵀ of the Q-column rv held by thread
+// (a, b); written by threads a < N, b < N.
+template <int N, int Q, int EB, typename T>
+__device__ __forceinline__ void interp_back(T* __restrict__ wc, bool active, int a, int b, int z,
+                                            T (*sJ)[N + 1], T (*sV)[EB][Q][Q + 1],
+                                            T (*sT)[Q + 1], const T (&rv)[Q]) {
+  constexpr int64_t n2 = N * N;
+  T ry[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T s = 0;
+#pragma unroll
+    for (int c = 0; c < Q; ++c) s += sJ[c][k] * rv[c];
+    ry[k] = s;
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int p = k & 1;
+    sV[p][z][b][a] = ry[k];
+    __syncthreads();
+    if (a < N) {  // along i: (Jᵀ v)[b][i = a]; sT rows = b (< Q), transposed store
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) s += sJ[m][a] * sV[p][z][b][m];
+      sT[z * N + a][b] = s;  // sT[(z, i)][b]
+    }
+    __syncthreads();
+    if (a < N && b < N && active) {  // along j: thread (i = a, j = b)
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) s += sJ[m][b] * sT[z * N + a][m];
+      wc[k * n2 + b * N + a] = s;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------- BK1 / BK2
+template <int N, int Q, typename T>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>())
+mass_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+            const T* __restrict__ B, T* __restrict__ w) {
+  constexpr int EB = elements_per_block<Q>();
+  __shared__ T sJ[Q][N + 1];
+  __shared__ T sU[2][EB][N][N + 1];
+  __shared__ T sV[2][EB][Q][Q + 1];
+  __shared__ T sT[EB * N][Q + 1];
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
+  const int tid = a + Q * (b + Q * z);
+  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t / N][t % N] = J[t];
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  const int64_t ee = active ? e : 0;
+  __syncthreads();
+  for (int c = 0; c < C; ++c) {
+    T rx[Q];
+    interp_forward<N, Q, EB, T>(u + (c * E + ee) * n3, active, a, b, z, sJ, sU, sT, rx);
+    const T* Bq = B + ee * q3 + b * Q + a;
+#pragma unroll
+    for (int k = 0; k < Q; ++k) rx[k] *= active ? Bq[k * q2] : T(0);
+    interp_back<N, Q, EB, T>(w + (c * E + ee) * n3, active, a, b, z, sJ, sV, sT, rx);
+  }
+}
+
+// ------------------------------------------------------------------------- BK3 / BK4
+template <int N, int Q, typename T>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>())
+stiffness_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+                 const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int P = Q + 1;
+  __shared__ T sJ[Q][N + 1];
+  __shared__ T sD[Q][P];
+  __shared__ T sDt[Q][P];
+  __shared__ T sU[2][EB][N][N + 1];
+  __shared__ T sV[2][EB][Q][P];
+  __shared__ T sT[EB * N][P];
+  __shared__ T sr[EB][Q][P];
+  __shared__ T ss[EB][Q][P];
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
+  const int tid = a + Q * (b + Q * z);
+  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t / N][t % N] = J[t];
+  for (int t = tid; t < Q * Q; t += Q * Q * EB) {
+    sD[t / Q][t % Q] = Dq[t];
+    sDt[t % Q][t / Q] = Dq[t];
+  }
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  const int64_t ee = active ? e : 0;
+  const int64_t gstride = E * q3;
+  __syncthreads();
+  for (int c = 0; c < C; ++c) {
+    T rx[Q], rt[Q], rw[Q];
+    interp_forward<N, Q, EB, T>(u + (c * E + ee) * n3, active, a, b, z, sJ, sU, sT, rx);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) s += sD[k][m] * rx[m];
+      rt[k] = s;
+      rw[k] = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      const int p = k & 1;
+      sV[p][z][b][a] = rx[k];
+      __syncthreads();
+      T ur = 0, us = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) {
+        ur += sDt[m][a] * sV[p][z][b][m];
+        us += sD[b][m] * sV[p][z][m][a];
+      }
+      const T* g = G + ee * q3 + k * q2 + b * Q + a;
+      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+      if (active) {
+        g0 = g[0];
+        g1 = g[gstride];
+        g2 = g[2 * gstride];
+        g3 = g[3 * gstride];
+        g4 = g[4 * gstride];
+        g5 = g[5 * gstride];
+      }
+      const T ut = rt[k];
+      sr[z][b][a] = g0 * ur + g1 * us + g2 * ut;
+      ss[z][b][a] = g1 * ur + g3 * us + g4 * ut;
+      const T gt = g2 * ur + g4 * us + g5 * ut;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) rw[m] += sD[k][m] * gt;
+      __syncthreads();
+      T acc = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) acc += sD[m][a] * sr[z][b][m] + sD[m][b] * ss[z][m][a];
+      rw[k] += acc;
+    }
+    // interp_back reuses sV/sT: every read of them above precedes the last slice's
+    // second barrier, and interp_back writes before its own first one, so no barrier here.
+    interp_back<N, Q, EB, T>(w + (c * E + ee) * n3, active, a, b, z, sJ, sV, sT, rw);
+  }
+}
+
+// ================================================================ whole-element variants
+// Variant 2 ("element"): the whole element goes through shared memory once per stage,
+// so a kernel needs 2 (BK5) to 8 (BK3) block barriers per element instead of two per
+// slice, and each thread has N independent sums per stage (more work between barriers).
+// Shared memory is dynamic (opted in above 48 KB): per element 3N³ words (BK5),
+// N²Q + NQ² (mass), 3Q³ (stiffness).
+
+extern __shared__ __align__(16) unsigned char jaxsem_smem[];
+
+template <int N>
+__host__ __device__ constexpr int eb_element() {
+  return (256 / (N * N)) > 0 ? 256 / (N * N) : 1;
+}
+
+template <int N, typename T>
+__global__ void __launch_bounds__(N * N * eb_element<N>())
+bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
+                   const T* __restrict__ G, T* __restrict__ w) {
+  constexpr int EB = eb_element<N>();
+  constexpr int n2 = N * N, n3 = N * N * N;
+  T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
+  T* sDt = sD + n2;                           // sDt[b*N + a] = D[a][b]
+  const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z;
+  T* U = sDt + n2 + z * 3 * n3;
+  T* GR = U + n3;
+  T* GS = GR + n3;
+  const int lt = i + N * j;
+  for (int t = lt + n2 * z; t < n2; t += n2 * EB) {
+    sD[t] = D[t];
+    sDt[(t % N) * N + t / N] = D[t];
+  }
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t stride = E * n3;
+  const int64_t base = (active ? e : 0) * n3;
+  for (int c = 0; c < C; ++c) {
+    __syncthreads();  // D loaded; the previous component's reads of U/GR/GS done
+    const T* uc = u + c * stride + base;
+    for (int t = lt; t < n3; t += n2) U[t] = active ? uc[t] : T(0);
+    __syncthreads();
+    T ru[N], rw[N];
+#pragma unroll
+    for (int m = 0; m < N; ++m) {
+      ru[m] = U[(m * N + j) * N + i];
+      rw[m] = 0;
+    }
+    const T* g = G + base + j * N + i;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T ur = 0, us = 0, ut = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) {
+        ur += sDt[m * N + i] * U[(k * N + j) * N + m];
+        us += sD[j * N + m] * U[(k * N + m) * N + i];
+        ut += sD[k * N + m] * ru[m];
+      }
+      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+      if (active) {
+        const T* gk = g + k * n2;
+        g0 = gk[0];
+        g1 = gk[stride];
+        g2 = gk[2 * stride];
+        g3 = gk[3 * stride];
+        g4 = gk[4 * stride];
+        g5 = gk[5 * stride];
+      }
+      GR[(k * N + j) * N + i] = g0 * ur + g1 * us + g2 * ut;
+      GS[(k * N + j) * N + i] = g1 * ur + g3 * us + g4 * ut;
+      const T gt = g2 * ur + g4 * us + g5 * ut;
+#pragma unroll
+      for (int m = 0; m < N; ++m) rw[m] += sD[k * N + m] * gt;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T acc = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m)
+        acc += sD[m * N + i] * GR[(k * N + j) * N + m] + sD[m * N + j] * GS[(k * N + m) * N + i];
+      rw[k] += acc;
+    }
+    if (active) {
+      T* wc = w + c * stride + base + j * N + i;
+#pragma unroll
+      for (int k = 0; k < N; ++k) wc[k * n2] = rw[k];
+    }
+  }
+}
+
+// Forward interpolation of a whole element: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a]
+// for thread (a, b) of the Q×Q layer. A: N²Q words, Bf: NQ² words of this element's shared
+// region; sJ[c*N + k] = J[c][k].
+template <int N, int Q, typename T>
+__device__ __forceinline__ void forward_element(const T* __restrict__ ue, bool active, int a, int b,
+                                                const T* sJ, T* A, T* Bf, T (&rx)[Q]) {
+  constexpr int n3 = N * N * N;
+  __syncthreads();  // earlier readers of A/Bf are done
+  for (int t = a + Q * b; t < n3; t += Q * Q) A[t] = active ? ue[t] : T(0);
+  __syncthreads();
+  if (b < N) {  // T1[k][b][a] = Σ_i J[a][i] U[k][b][i]
+    T Ja[N];
+#pragma unroll
+    for (int m = 0; m < N; ++m) Ja[m] = sJ[a * N + m];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T s = 0;
+#pragma unroll
+      for (int m = 0; m < N; ++m) s += Ja[m] * A[(k * N + b) * N + m];
+      Bf[(k * N + b) * Q + a] = s;
+    }
+  }
+  __syncthreads();
+  T Jb[N], r[N];
+#pragma unroll
+  for (int m = 0; m < N; ++m) Jb[m] = sJ[b * N + m];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {  // T2[k][b][a] = Σ_j J[b][j] T1[k][j][a]
+    T s = 0;
+#pragma unroll
+    for (int m = 0; m < N; ++m) s += Jb[m] * Bf[(k * N + m) * Q + a];
+    r[k] = s;
+  }
+#pragma unroll
+  for (int c = 0; c < Q; ++c) {
+    T s = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += sJ[c * N + k] * r[k];
+    rx[c] = s;
+  }
+}
+
+// Transposed interpolation of the Q-columns rv of an element back to N³, written to we.
+template <int N, int Q, typename T>
+__device__ __forceinline__ void back_element(T* __restrict__ we, bool active, int a, int b,
+                                             const T* sJ, T* A, T* Bf, const T (&rv)[Q]) {
+  T ry[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T s = 0;
+#pragma unroll
+    for (int c = 0; c < Q; ++c) s += sJ[c * N + k] * rv[c];
+    ry[k] = s;
+  }
+  __syncthreads();  // earlier readers of Bf are done
+#pragma unroll
+  for (int k = 0; k < N; ++k) Bf[(k * Q + b) * Q + a] = ry[k];
+  __syncthreads();
+  if (a < N) {  // S1[k][b][i] = Σ_a J[a][i] S2[k][b][a], thread (i = a, b)
+    T Ji[Q];
+#pragma unroll
+    for (int c = 0; c < Q; ++c) Ji[c] = sJ[c * N + a];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T s = 0;
+#pragma unroll
+      for (int c = 0; c < Q; ++c) s += Ji[c] * Bf[(k * Q + b) * Q + c];
+      A[(k * Q + b) * N + a] = s;
+    }
+  }
+  __syncthreads();
+  if (a < N && b < N) {  // w[k][j][i] = Σ_b J[b][j] S1[k][b][i], thread (i = a, j = b)
+    T Jj[Q];
+#pragma unroll
+    for (int c = 0; c < Q; ++c) Jj[c] = sJ[c * N + b];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      T s = 0;
+#pragma unroll
+      for (int c = 0; c < Q; ++c) s += Jj[c] * A[(k * Q + c) * N + a];
+      if (active) we[(k * N + b) * N + a] = s;
+    }
+  }
+}
+
+template <int N, int Q>
+__host__ __device__ constexpr int mass_region() {
+  return N * N * Q + N * Q * Q;
+}
+
+template <int N, int Q>
+__host__ __device__ constexpr int stiffness_region() {
+  return 3 * Q * Q * Q > mass_region<N, Q>() ? 3 * Q * Q * Q : mass_region<N, Q>();
+}
+
+template <int N, int Q, typename T>
+__global__ void __launch_bounds__(Q * Q * eb_element<Q>())
+mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+                    const T* __restrict__ B, T* __restrict__ w) {
+  constexpr int EB = eb_element<Q>();
+  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  T* sJ = reinterpret_cast<T*>(jaxsem_smem);
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
+  T* A = sJ + Q * N + z * mass_region<N, Q>();
+  T* Bf = A + N * N * Q;
+  for (int t = a + Q * (b + Q * z); t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  for (int c = 0; c < C; ++c) {
+    T rx[Q];
+    forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+    const T* Bq = B + ee * q3 + b * Q + a;
+#pragma unroll
+    for (int k = 0; k < Q; ++k) rx[k] *= active ? Bq[k * q2] : T(0);
+    back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+  }
+}
+
+template <int N, int Q, typename T>
+__global__ void __launch_bounds__(Q * Q * eb_element<Q>())
+stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+                         const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
+  constexpr int EB = eb_element<Q>();
+  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  T* sJ = reinterpret_cast<T*>(jaxsem_smem);
+  T* sD = sJ + Q * N;    // sD[a*Q + b] = Dq[a][b]
+  T* sDt = sD + Q * Q;   // sDt[b*Q + a] = Dq[a][b]
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
+  T* R = sDt + Q * Q + z * stiffness_region<N, Q>();
+  T* A = R;
+  T* Bf = R + N * N * Q;
+  T* X = R;
+  T* GR = R + q3;
+  T* GS = R + 2 * q3;
+  const int tid = a + Q * (b + Q * z);
+  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
+  for (int t = tid; t < Q * Q; t += Q * Q * EB) {
+    sD[t] = Dq[t];
+    sDt[(t % Q) * Q + t / Q] = Dq[t];
+  }
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  const int64_t gstride = E * q3;
+  for (int c = 0; c < C; ++c) {
+    T rx[Q], rw[Q];
+    forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+    __syncthreads();  // forward's reads of Bf done before X overwrites the region
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      X[(k * Q + b) * Q + a] = rx[k];
+      rw[k] = 0;
+    }
+    __syncthreads();
+    const T* g = G + ee * q3 + b * Q + a;
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      T ur = 0, us = 0, ut = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) {
+        ur += sDt[m * Q + a] * X[(k * Q + b) * Q + m];
+        us += sD[b * Q + m] * X[(k * Q + m) * Q + a];
+        ut += sD[k * Q + m] * rx[m];
+      }
+      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+      if (active) {
+        const T* gk = g + k * q2;
+        g0 = gk[0];
+        g1 = gk[gstride];
+        g2 = gk[2 * gstride];
+        g3 = gk[3 * gstride];
+        g4 = gk[4 * gstride];
+        g5 = gk[5 * gstride];
+      }
+      GR[(k * Q + b) * Q + a] = g0 * ur + g1 * us + g2 * ut;
+      GS[(k * Q + b) * Q + a] = g1 * ur + g3 * us + g4 * ut;
+      const T gt = g2 * ur + g4 * us + g5 * ut;
+#pragma unroll
+      for (int m = 0; m < Q; ++m) rw[m] += sD[k * Q + m] * gt;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      T acc = 0;
+#pragma unroll
+      for (int m = 0; m < Q; ++m)
+        acc += sD[m * Q + a] * GR[(k * Q + b) * Q + m] + sD[m * Q + b] * GS[(k * Q + m) * Q + a];
+      rw[k] += acc;
+    }
+    back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rw);
+  }
+}
+
+// ------------------------------------------------------------------------- dispatch
+template <typename T>
+struct Launch {
+  cudaStream_t stream;
+  int64_t E;
+  int C;
+};
+
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
+template <int N, typename T>
+void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T* G, T* w) {
+  if (variant == 1) {
+    constexpr int EB = elements_per_block<N>();
+    dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
+    bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
+    return;
+  }
+  constexpr int EB = eb_element<N>();
+  const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
+  allow_smem(bk5_element_kernel<N, T>, smem);
+  dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
+  bk5_element_kernel<N, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+}
+
+template <int N, typename T>
+void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const T* B, T* w) {
+  constexpr int Q = N + 1;
+  if (variant == 1) {
+    constexpr int EB = elements_per_block<Q>();
+    dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
+    mass_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, B, w);
+    return;
+  }
+  constexpr int EB = eb_element<Q>();
+  const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
+  allow_smem(mass_element_kernel<N, Q, T>, smem);
+  dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
+  mass_element_kernel<N, Q, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+}
+
+template <int N, typename T>
+void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, const T* Dq, const T* G,
+                      T* w) {
+  constexpr int Q = N + 1;
+  if (variant == 1) {
+    constexpr int EB = elements_per_block<Q>();
+    dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
+    stiffness_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+    return;
+  }
+  constexpr int EB = eb_element<Q>();
+  const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
+  allow_smem(stiffness_element_kernel<N, Q, T>, smem);
+  dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
+  stiffness_element_kernel<N, Q, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+}
+
+#define JAXSEM_SWITCH_N(n, CALL)                                                 \
+  switch (n) {                                                                   \
+    case 2: CALL(2); break;                                                      \
+    case 3: CALL(3); break;                                                      \
+    case 4: CALL(4); break;                                                      \
+    case 5: CALL(5); break;                                                      \
+    case 6: CALL(6); break;                                                      \
+    case 7: CALL(7); break;                                                      \
+    case 8: CALL(8); break;                                                      \
+    case 9: CALL(9); break;                                                      \
+    case 10: CALL(10); break;                                                    \
+    case 11: CALL(11); break;                                                    \
+    case 12: CALL(12); break;                                                    \
+    case 13: CALL(13); break;                                                    \
+    case 14: CALL(14); break;                                                    \
+    case 15: CALL(15); break;                                                    \
+    case 16: CALL(16); break;                                                    \
+    default: return ffi::Error::InvalidArgument("jaxsem cuda: n must be in 2..16"); \
+  }
+
+// u, w: (C, E, n, n, n) — C and E from the shape, n its last dimension.
+struct Shape {
+  int64_t C, E;
+  int n;
+};
+
+ffi::Error shape_of(const ffi::AnyBuffer& u, Shape& s) {
+  auto d = u.dimensions();
+  if (d.size() != 5) return ffi::Error::InvalidArgument("jaxsem cuda: u must be (C, E, n, n, n)");
+  s.C = d[0];
+  s.E = d[1];
+  s.n = int(d[4]);
+  return ffi::Error::Success();
+}
+
+ffi::Error finish() {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return ffi::Error::Internal(cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+template <typename T>
+ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& D,
+                     const ffi::AnyBuffer& G, ffi::Result<ffi::AnyBuffer>& w) {
+  Launch<T> L{st, s.E, int(s.C)};
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pD = static_cast<const T*>(D.untyped_data());
+  auto pG = static_cast<const T*>(G.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+#define CALL(N) launch_bk5<N, T>(L, variant, pu, pD, pG, pw)
+  JAXSEM_SWITCH_N(s.n, CALL)
+#undef CALL
+  return finish();
+}
+
+template <typename T>
+ffi::Error mass_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& J,
+                      const ffi::AnyBuffer& B, ffi::Result<ffi::AnyBuffer>& w) {
+  Launch<T> L{st, s.E, int(s.C)};
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pJ = static_cast<const T*>(J.untyped_data());
+  auto pB = static_cast<const T*>(B.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+#define CALL(N) launch_mass<N, T>(L, variant, pu, pJ, pB, pw)
+  JAXSEM_SWITCH_N(s.n, CALL)
+#undef CALL
+  return finish();
+}
+
+template <typename T>
+ffi::Error stiffness_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u,
+                           const ffi::AnyBuffer& J, const ffi::AnyBuffer& Dq, const ffi::AnyBuffer& G,
+                           ffi::Result<ffi::AnyBuffer>& w) {
+  Launch<T> L{st, s.E, int(s.C)};
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pJ = static_cast<const T*>(J.untyped_data());
+  auto pDq = static_cast<const T*>(Dq.untyped_data());
+  auto pG = static_cast<const T*>(G.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+#define CALL(N) launch_stiffness<N, T>(L, variant, pu, pJ, pDq, pG, pw)
+  JAXSEM_SWITCH_N(s.n, CALL)
+#undef CALL
+  return finish();
+}
+
+ffi::Error bk5_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer D, ffi::AnyBuffer G,
+                    ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = shape_of(u, s); err.failure()) return err;
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  switch (u.element_type()) {
+    case ffi::DataType::F64: return bk5_typed<double>(st, variant, s, u, D, G, w);
+    case ffi::DataType::F32: return bk5_typed<float>(st, variant, s, u, D, G, w);
+    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
+  }
+}
+
+ffi::Error mass_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
+                     ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = shape_of(u, s); err.failure()) return err;
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  switch (u.element_type()) {
+    case ffi::DataType::F64: return mass_typed<double>(st, variant, s, u, J, B, w);
+    case ffi::DataType::F32: return mass_typed<float>(st, variant, s, u, J, B, w);
+    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
+  }
+}
+
+ffi::Error stiffness_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer Dq,
+                          ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = shape_of(u, s); err.failure()) return err;
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  switch (u.element_type()) {
+    case ffi::DataType::F64: return stiffness_typed<double>(st, variant, s, u, J, Dq, G, w);
+    case ffi::DataType::F32: return stiffness_typed<float>(st, variant, s, u, J, Dq, G, w);
+    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemBk5, bk5_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<int32_t>("variant")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemMass, mass_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<int32_t>("variant")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemStiffness, stiffness_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<int32_t>("variant")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

@@ -1,0 +1,253 @@
+"""Hand-written CUDA kernels for BK1–BK6, called through the XLA FFI.
+
+``csrc/sem_kernels.cu`` holds the classic GPU layout of the spectral-element
+operators (one element per N×N — or, on Gauss points, Q×Q — thread layer, the
+k-column in registers, one k-slice at a time through shared memory). Unlike
+the Pallas/Triton kernels (:mod:`jaxsem.operators.fused`), nothing is padded to
+powers of two, so every order p = 1…15 runs at its true size.
+
+Same contracts as the einsum references:
+
+* :func:`stiffness_gll_cuda` — :func:`~jaxsem.operators.stiffness.stiffness_gll` (BK5/BK6)
+* :func:`mass_cuda` — :func:`~jaxsem.operators.mass.mass` (BK1/BK2, q = n + 1)
+* :func:`stiffness_cuda` — :func:`~jaxsem.operators.stiffness.stiffness` (BK3/BK4, q = n + 1)
+
+``u: (..., E, n, n, n)`` float64 or float32 with 2 ≤ n ≤ 16; the leading axes
+(vector components) run inside one launch, so the geometric factors leave
+memory once per element.
+
+Build: on first use the source is compiled with ``nvcc`` (found on ``PATH``,
+``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture against
+the XLA FFI headers that jaxlib ships, into ``$JAXSEM_CUDA_CACHE`` (default
+``~/.cache/jaxsem``), keyed by a hash of source, headers' path, architecture
+and compiler; about a minute, once. :func:`build` does it ahead of time.
+
+Differentiation: a custom JVP whose tangent is the einsum reference's (as the
+Pallas kernels), so forward and reverse mode work and implicit solves can
+transpose it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .mass import mass
+from .stiffness import stiffness, stiffness_gll
+
+__all__ = ["build", "cuda_available", "cuda_supported", "stiffness_gll_cuda", "mass_cuda",
+           "stiffness_cuda", "SOURCE", "MAX_N"]
+
+SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
+MAX_N = 16
+_TARGETS = {"bk5": "JaxsemBk5", "mass": "JaxsemMass", "stiffness": "JaxsemStiffness"}
+
+
+def _nvcc() -> str | None:
+    for cand in (os.environ.get("JAXSEM_NVCC"), shutil.which("nvcc"),
+                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _gpu():
+    try:
+        devs = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    return devs[0] if devs and devs[0].platform in ("gpu", "cuda") else None
+
+
+def _arch(device) -> str:
+    cc = getattr(device, "compute_capability", None) or "9.0"
+    major, minor = str(cc).split(".")[:2]
+    return f"{major}{minor}"
+
+
+@functools.cache
+def cuda_available() -> bool:
+    """Whether the CUDA kernels can run here: a CUDA GPU as JAX's default backend and nvcc,
+    an already built library for this GPU, or ``$JAXSEM_CUDA_LIB`` (checked once)."""
+    if jax.default_backend() not in ("gpu", "cuda") or _gpu() is None:
+        return False
+    return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _cached_path(_gpu()) is not None
+
+
+def _key(device, nvcc: str | None) -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(jax.ffi.include_dir().encode())
+    h.update(_arch(device).encode())
+    h.update(str(nvcc).encode())
+    return h.hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("JAXSEM_CUDA_CACHE", Path.home() / ".cache" / "jaxsem"))
+
+
+def _cached_path(device) -> Path | None:
+    p = _cache_dir() / f"sem_kernels_sm{_arch(device)}_{_key(device, _nvcc())}.so"
+    return p if p.exists() else None
+
+
+def build(verbose: bool = True) -> Path:
+    """Compile ``csrc/sem_kernels.cu`` for this GPU (once; cached) and return the library path."""
+    device = _gpu()
+    if device is None:
+        raise RuntimeError("jaxsem CUDA kernels need a CUDA GPU (jax.devices('gpu') is empty)")
+    nvcc = _nvcc()
+    out = _cache_dir() / f"sem_kernels_sm{_arch(device)}_{_key(device, nvcc)}.so"
+    if out.exists():
+        return out
+    if nvcc is None:
+        raise RuntimeError("jaxsem CUDA kernels need nvcc: put it on PATH or set JAXSEM_NVCC")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    arch = _arch(device)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
+               f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{jax.ffi.include_dir()}",
+               str(SOURCE), "-o", str(tmp_out)]
+        if verbose:
+            print(f"jaxsem: building CUDA kernels for sm_{arch} (once, about a minute): {out}",
+                  file=sys.stderr, flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        os.replace(tmp_out, out)  # atomic: concurrent builders (MPI ranks) never see half a file
+    return out
+
+
+@functools.cache
+def _register() -> None:
+    prebuilt = os.environ.get("JAXSEM_CUDA_LIB")  # a library built elsewhere from this source
+    lib = ctypes.cdll.LoadLibrary(prebuilt if prebuilt else str(build()))
+    for name, symbol in _TARGETS.items():
+        jax.ffi.register_ffi_target(f"jaxsem_{name}", jax.ffi.pycapsule(getattr(lib, symbol)),
+                                    platform="CUDA")
+
+
+def cuda_supported(u, J=None) -> bool:
+    """Whether the CUDA kernels handle these shapes/dtypes (Gauss kernels: ``J: (n + 1, n)``)."""
+    if u.ndim < 4 or u.dtype not in (jnp.float32, jnp.float64):
+        return False
+    n = u.shape[-1]
+    if u.shape[-3:] != (n, n, n) or not 2 <= n <= MAX_N:
+        return False
+    return J is None or tuple(J.shape) == (n + 1, n)
+
+
+VARIANTS = (1, 2)  # 1: one k-slice per step (2 barriers per slice); 2: whole element per stage
+
+
+def default_variant(op: str, n: int) -> int:
+    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1: the faster one on
+    an H100, FP64 (experiments/results/cuda_kernels_v2_h100.json): variant 1 for BK5/BK6 at
+    p ≤ 2 and the mass at p = 15, variant 2 everywhere else (by up to 3× for the mass)."""
+    if (op == "bk5" and n <= 3) or (op == "mass" and n >= 16):
+        return 1
+    return 2
+
+
+def _call(target: str, variant: int, u, *args):
+    """One launch on ``u`` with its leading axes flattened into C components."""
+    _register()
+    E, n = u.shape[-4], u.shape[-1]
+    u5 = u.reshape((-1, E, n, n, n))
+    call = jax.ffi.ffi_call(f"jaxsem_{target}", jax.ShapeDtypeStruct(u5.shape, u5.dtype),
+                            vmap_method="sequential")
+    return call(u5, *args, variant=np.int32(variant)).reshape(u.shape)
+
+
+def _dq(J, Dt):
+    """Collocated derivative on the Gauss points: ``D_q J = Dt`` (as the Pallas kernels);
+    full-precision products (XLA's default FP32 dot on a GPU is TF32)."""
+    mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+    return mm(Dt, jnp.linalg.solve(mm(J.T, J), J.T))
+
+
+def _reference(op, u, M1, M2, data):
+    if op == "bk5":
+        return stiffness_gll(u, M1, data)
+    if op == "mass":
+        return mass(u, M1, data)
+    return stiffness(u, M1, M2, data)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def _apply(u, M1, M2, data, op, variant):
+    if op == "bk5":
+        return _call("bk5", variant, u, M1, data)
+    if op == "mass":
+        return _call("mass", variant, u, M1, data)
+    return _call("stiffness", variant, u, M1, _dq(M1, M2), data)
+
+
+@_apply.defjvp
+def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference's (transposable)
+    _, dw = jax.jvp(lambda *a: _reference(op, *a), primals, tangents)
+    return _apply(*primals, op, variant), dw
+
+
+def _variant(variant, op, n):
+    if variant is None:
+        return default_variant(op, n)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return int(variant)
+
+
+def _entry(name, u, J, op):
+    if not cuda_supported(u, J):
+        raise ValueError(f"{name} supports u: (..., E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}"
+                         + ("" if J is None else " and J: (n + 1, n)")
+                         + f"; got u {u.shape} {u.dtype}" + ("" if J is None else f", J {J.shape}"))
+    if not cuda_available():
+        raise ValueError(f"{name}: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use impl='einsum' or 'pallas'")
+
+
+def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
+    """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
+
+    ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
+    ``variant``: 1 or 2 (see :data:`VARIANTS`; default :func:`default_variant`).
+    """
+    _entry("stiffness_gll_cuda", u, None, "bk5")
+    v = _variant(variant, "bk5", u.shape[-1])
+    if h1 is not None:
+        G = G * h1
+    return _apply(u, D.astype(u.dtype), D.astype(u.dtype), G.astype(u.dtype), "bk5", v)
+
+
+def mass_cuda(u, J, B, h2=None, variant=None):
+    """BK1/BK2 ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (as :func:`mass`): ``J: (n + 1, n)``,
+    ``B: (E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
+    _entry("mass_cuda", u, J, "mass")
+    v = _variant(variant, "mass", u.shape[-1])
+    if h2 is not None:
+        B = B * h2
+    J = J.astype(u.dtype)
+    return _apply(u, J, J, B.astype(u.dtype), "mass", v)
+
+
+def stiffness_cuda(u, J, Dt, G, h1=None, variant=None):
+    """BK3/BK4 stiffness on q = n + 1 Gauss points (as :func:`stiffness`): ``J, Dt: (q, n)``,
+    ``G: (6, E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
+    _entry("stiffness_cuda", u, J, "stiffness")
+    v = _variant(variant, "stiffness", u.shape[-1])
+    if h1 is not None:
+        G = G * h1
+    return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", v)

@@ -1,0 +1,102 @@
+"""CUDA (XLA FFI) kernels: input checks everywhere; equality with einsum on a GPU.
+
+The GPU tests run where JAX's backend is a CUDA GPU and nvcc is found
+(``cuda_kernels.cuda_available()``), e.g. ``python -m pytest tests/test_cuda_kernels.py``
+on the device machine; on CPU machines they are skipped and the checks of the
+argument validation run.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsem import geometry
+from jaxsem.mesh import box_mesh
+from jaxsem.models import poisson
+from jaxsem.operators import cuda_kernels as ck
+from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
+from jaxsem.operators.mass import mass
+from jaxsem.operators.stiffness import stiffness, stiffness_gll
+
+gpu = pytest.mark.skipif(not ck.cuda_available(), reason="needs a CUDA GPU and nvcc")
+
+
+def _data(order, E, comps=1, quad="gauss", seed=0):
+    qd = geometry.quadrature(order, quad)
+    n, q = order + 1, qd.J.shape[0]
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    u = jax.random.normal(k1, ((comps,) if comps > 1 else ()) + (E, n, n, n), jnp.float64)
+    B = 1.0 + jax.random.uniform(k2, (E, q, q, q), jnp.float64)
+    G = jax.random.normal(k3, (6, E, q, q, q), jnp.float64)
+    return u, jnp.asarray(qd.J), jnp.asarray(qd.Dt), B, G
+
+
+def test_supported_shapes():
+    u = jnp.zeros((5, 4, 4, 4))
+    assert ck.cuda_supported(u)
+    assert ck.cuda_supported(u, jnp.zeros((5, 4)))
+    assert not ck.cuda_supported(u, jnp.zeros((6, 4)))  # only q = n + 1
+    assert not ck.cuda_supported(jnp.zeros((5, 17, 17, 17)))
+    assert not ck.cuda_supported(jnp.zeros((5, 4, 4, 3)))
+    assert not ck.cuda_supported(jnp.zeros((5, 4, 4, 4), jnp.int32))
+
+
+@pytest.mark.skipif(ck.cuda_available(), reason="checks the error off GPU")
+def test_cuda_off_gpu_is_a_clear_error():
+    u, J, Dt, B, G = _data(2, 3)
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        mass_auto(u, J, B, impl="cuda")
+    with pytest.raises(ValueError, match="n <= 16"):
+        ck.stiffness_gll_cuda(jnp.zeros((2, 17, 17, 17)), jnp.eye(17), jnp.zeros((6, 2, 17, 17, 17)))
+
+
+@gpu
+@pytest.mark.parametrize("order", [1, 2, 4, 5, 7, 8, 10, 15])
+def test_equal_to_einsum(order):
+    E = 37  # ragged for every elements-per-block
+    u, J, Dt, B, G = _data(order, E)
+    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+    assert rel(ck.mass_cuda(u, J, B), mass(u, J, B)) < 1e-13
+    assert rel(ck.stiffness_cuda(u, J, Dt, G), stiffness(u, J, Dt, G)) < 1e-13
+    ug, Jg, Dg, _, Gg = _data(order, E, quad="gll")
+    assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg), stiffness_gll(ug, Dg, Gg)) < 1e-13
+
+
+@gpu
+def test_vector_forms_and_float32():
+    u, J, Dt, B, G = _data(6, 21, comps=3)
+    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+    assert rel(mass_auto(u, J, B, impl="cuda"), mass(u, J, B)) < 1e-13
+    assert rel(stiffness_auto(u, J, Dt, G, impl="cuda"), stiffness(u, J, Dt, G)) < 1e-13
+    ug, _, Dg, _, Gg = _data(6, 21, comps=3, quad="gll")
+    assert rel(stiffness_gll_auto(ug, Dg, Gg, impl="cuda"), stiffness_gll(ug, Dg, Gg)) < 1e-13
+    w32 = ck.stiffness_gll_cuda(ug[0].astype(jnp.float32), Dg.astype(jnp.float32), Gg.astype(jnp.float32))
+    assert w32.dtype == jnp.float32 and rel(w32.astype(jnp.float64), stiffness_gll(ug[0], Dg, Gg)) < 1e-5
+
+
+@gpu
+def test_derivatives_are_the_references():
+    u, J, Dt, B, G = _data(3, 9)
+    f = lambda G, u: jnp.sum(jnp.sin(ck.stiffness_cuda(u, J, Dt, G)))
+    g = lambda G, u: jnp.sum(jnp.sin(stiffness(u, J, Dt, G)))
+    for a, b in zip(jax.grad(f, (0, 1))(G, u), jax.grad(g, (0, 1))(G, u)):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+@gpu
+@pytest.mark.parametrize("bp", [1, 3, 5])
+def test_solve_with_cuda_kernels(bp):
+    """Same iterates up to rounding (iteration counts within one), same solution, same
+    gradient: the kernel in every forward and adjoint PCG iteration."""
+    sem = poisson.bp_discretize(box_mesh((3, 3, 2), 5, deform=0.1), bp)
+    h1, h2 = poisson.coefficients(bp)
+    f = 1.0 + 0.5 * jnp.cos(jnp.arange(sem.geom.B.size).reshape(sem.geom.B.shape))
+    assert poisson.kernels(sem, f[..., :6, :6, :6], h1, h2, "cuda") == "cuda"
+    ue, ie = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="einsum")
+    uc, ic = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="cuda")
+    assert abs(int(ic.iterations) - int(ie.iterations)) <= 1
+    np.testing.assert_allclose(uc, ue, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(ue))))
+    loss = lambda impl: lambda f: jnp.sum(poisson.solve(sem, f, h1, h2, tol=1e-12, impl=impl)[0] ** 2)
+    dc, de = jax.grad(loss("cuda"))(f), jax.grad(loss("einsum"))(f)
+    np.testing.assert_allclose(dc, de, rtol=0, atol=1e-8 * float(jnp.max(jnp.abs(de))))
