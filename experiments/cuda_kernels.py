@@ -13,6 +13,7 @@ registers, nothing padded to powers of two). This script, on one GPU:
    :func:`jaxsem.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
 
     python experiments/cuda_kernels.py --out $OUT/cuda_kernels_h100.json
+    python experiments/cuda_kernels.py --plot-only cuda_kernels_h100.json   # the PNG again
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def inputs(key, E, order, op, components, dtype):
 
 
 def apply(op, impl, u, J, Dt, data):
-    """``impl``: einsum, pallas, cuda (default variant) or cuda1 / cuda2 (that variant)."""
-    if impl in ("cuda1", "cuda2"):
+    """``impl``: einsum, pallas, cuda (default variant) or cuda1 / cuda2 / cuda3 (that variant)."""
+    if impl in ("cuda1", "cuda2", "cuda3"):
         v = int(impl[-1])
         if op == "mass":
             return ck.mass_cuda(u, J, data, variant=v)
@@ -89,6 +90,41 @@ def check(orders, out, impls=("cuda1", "cuda2")):
     return rows
 
 
+def plot(path):
+    """``path``'s rows as GDOF/s and % of the copy ceiling against p, one line per BK and impl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.load(open(path))
+    rows = [r for r in res["rows"] if "dofs_per_second" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = dict(zip(PROBLEMS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for prob in PROBLEMS:
+        for impl in dict.fromkeys(r["impl"] for r in rows):
+            pr = sorted((r for r in rows if r["problem"] == prob and r["impl"] == impl), key=lambda r: r["order"])
+            if not pr:
+                continue
+            o = [r["order"] for r in pr]
+            axes[0].plot(o, [r["dofs_per_second"] / 1e9 for r in pr], "o-", color=colors[prob], ms=3,
+                         label=f"{prob.upper()} {impl}")
+            axes[0].plot(o, [r["ceiling_dofs_per_second"] / 1e9 for r in pr], ":", color=colors[prob])
+            axes[1].plot(o, [r["percent_of_ceiling"] for r in pr], "o-", color=colors[prob], ms=3,
+                         label=f"{prob.upper()} {impl}")
+    axes[1].axhline(70, color="k", lw=0.8, ls="--")
+    axes[0].set(yscale="log", xlabel="polynomial order p", ylabel="GDOF/s (dotted: copy ceiling)")
+    axes[1].set(xlabel="polynomial order p", ylabel="% of copy ceiling (dashed: 70 %)")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{res['device']}, {res['dtype']}, E·p³ ≈ {res['target_dofs']:.1e}, copy "
+                 f"{res['bandwidth_bytes_per_second'] / 1e9:.0f} GB/s")
+    fig.tight_layout()
+    out = path.rsplit(".", 1)[0] + ".png"
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--orders", default="1-15")
@@ -101,7 +137,10 @@ def main(argv=None):
     ap.add_argument("--inner", type=int, default=5)
     ap.add_argument("--budget-seconds", type=float, default=300)
     ap.add_argument("--out", default="cuda_kernels.json")
+    ap.add_argument("--plot-only", default=None, metavar="JSON", help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)
+    if a.plot_only:
+        return plot(a.plot_only)
     rng = lambda s: [int(x) for x in range(int(s.split("-")[0]), int(s.split("-")[1]) + 1)] if "-" in s \
         else [int(x) for x in s.split(",")]
     t_start = time.perf_counter()
@@ -113,9 +152,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     ck._register()  # builds (or loads $JAXSEM_CUDA_LIB) and registers the FFI targets
     out["build_seconds"] = time.perf_counter() - t0
-    out["library"] = os.environ.get("JAXSEM_CUDA_LIB") or str(ck.build(verbose=False))
+    out["library"] = os.environ.get("JAXSEM_CUDA_LIB") or str(ck._cache_dir())
     print(f"library {out['library']} ready in {out['build_seconds']:.1f} s", flush=True)
-    check(rng(a.check_orders), out)
+    check(rng(a.check_orders), out, [i for i in dict.fromkeys(a.impls.split(",")) if i.startswith("cuda")])
     save()
     bw = bench.measure_bandwidth()
     out["bandwidth_bytes_per_second"] = bw
@@ -155,6 +194,7 @@ def main(argv=None):
                 save()
             del u, data
     save()
+    plot(a.out)
 
 
 if __name__ == "__main__":

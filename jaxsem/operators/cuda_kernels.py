@@ -18,9 +18,10 @@ memory once per element.
 
 Build: on first use the source is compiled with ``nvcc`` (found on ``PATH``,
 ``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture against
-the XLA FFI headers that jaxlib ships, into ``$JAXSEM_CUDA_CACHE`` (default
-``~/.cache/jaxsem``), keyed by a hash of source, headers' path, architecture
-and compiler; about a minute, once. :func:`build` does it ahead of time.
+the XLA FFI headers that jaxlib ships, one library per operator and dtype (six
+nvcc runs in parallel), into ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``),
+keyed by a hash of source, headers' path, architecture and compiler; about a
+minute, once. :func:`build` does it ahead of time.
 
 Differentiation: a custom JVP whose tangent is the einsum reference's (as the
 Pallas kernels), so forward and reverse mode work and implicit solves can
@@ -51,7 +52,6 @@ __all__ = ["build", "cuda_available", "cuda_supported", "stiffness_gll_cuda", "m
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
-_TARGETS = {"bk5": "JaxsemBk5", "mass": "JaxsemMass", "stiffness": "JaxsemStiffness"}
 
 
 def _nvcc() -> str | None:
@@ -85,6 +85,10 @@ def cuda_available() -> bool:
     return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _cached_path(_gpu()) is not None
 
 
+OPS = ("bk5", "mass", "stiffness")
+DTYPES = {"f64": "double", "f32": "float"}
+
+
 def _key(device, nvcc: str | None) -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(jax.ffi.include_dir().encode())
@@ -97,46 +101,66 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("JAXSEM_CUDA_CACHE", Path.home() / ".cache" / "jaxsem"))
 
 
+def _names(device, nvcc) -> dict:
+    """Library file name per (op, dtype)."""
+    tag = f"sm{_arch(device)}_{_key(device, nvcc)}"
+    return {(op, dt): f"sem_{op}_{dt}_{tag}.so" for op in OPS for dt in DTYPES}
+
+
 def _cached_path(device) -> Path | None:
-    p = _cache_dir() / f"sem_kernels_sm{_arch(device)}_{_key(device, _nvcc())}.so"
-    return p if p.exists() else None
+    d = _cache_dir()
+    return d if all((d / f).exists() for f in _names(device, _nvcc()).values()) else None
 
 
-def build(verbose: bool = True) -> Path:
-    """Compile ``csrc/sem_kernels.cu`` for this GPU (once; cached) and return the library path."""
+def build(verbose: bool = True) -> dict:
+    """Compile ``csrc/sem_kernels.cu`` for this GPU, once per operator and dtype (six nvcc runs
+    in parallel; cached), and return ``{(op, dtype): library path}``.
+
+    ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, named
+    ``sem_{op}_{f64|f32}.so``; used as they are.
+    """
+    prebuilt = os.environ.get("JAXSEM_CUDA_LIB")
+    if prebuilt:
+        return {(op, dt): Path(prebuilt) / f"sem_{op}_{dt}.so" for op in OPS for dt in DTYPES}
     device = _gpu()
     if device is None:
         raise RuntimeError("jaxsem CUDA kernels need a CUDA GPU (jax.devices('gpu') is empty)")
     nvcc = _nvcc()
-    out = _cache_dir() / f"sem_kernels_sm{_arch(device)}_{_key(device, nvcc)}.so"
-    if out.exists():
-        return out
+    out_dir = _cache_dir()
+    paths = {k: out_dir / name for k, name in _names(device, nvcc).items()}
+    todo = {k: p for k, p in paths.items() if not p.exists()}
+    if not todo:
+        return paths
     if nvcc is None:
         raise RuntimeError("jaxsem CUDA kernels need nvcc: put it on PATH or set JAXSEM_NVCC")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     arch = _arch(device)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
-               f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{jax.ffi.include_dir()}",
-               str(SOURCE), "-o", str(tmp_out)]
-        if verbose:
-            print(f"jaxsem: building CUDA kernels for sm_{arch} (once, about a minute): {out}",
-                  file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-        os.replace(tmp_out, out)  # atomic: concurrent builders (MPI ranks) never see half a file
-    return out
+    if verbose:
+        print(f"jaxsem: building CUDA kernels for sm_{arch} in {out_dir} (once, about a minute)",
+              file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        procs = {}
+        for (op, dt), path in todo.items():
+            cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
+                   f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{jax.ffi.include_dir()}",
+                   f"-DJAXSEM_OP_{op.upper()}", f"-DJAXSEM_REAL={DTYPES[dt]}",
+                   str(SOURCE), "-o", str(Path(tmp) / path.name)]
+            procs[op, dt] = (cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   text=True))
+        for (op, dt), (cmd, proc) in procs.items():
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{err[-4000:]}")
+        for k, path in todo.items():
+            os.replace(Path(tmp) / path.name, path)  # atomic: other processes never see half a file
+    return paths
 
 
 @functools.cache
 def _register() -> None:
-    prebuilt = os.environ.get("JAXSEM_CUDA_LIB")  # a library built elsewhere from this source
-    lib = ctypes.cdll.LoadLibrary(prebuilt if prebuilt else str(build()))
-    for name, symbol in _TARGETS.items():
-        jax.ffi.register_ffi_target(f"jaxsem_{name}", jax.ffi.pycapsule(getattr(lib, symbol)),
-                                    platform="CUDA")
+    for (op, dt), path in build().items():
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        jax.ffi.register_ffi_target(f"jaxsem_{op}_{dt}", jax.ffi.pycapsule(lib.JaxsemKernel), platform="CUDA")
 
 
 def cuda_supported(u, J=None) -> bool:
@@ -149,16 +173,23 @@ def cuda_supported(u, J=None) -> bool:
     return J is None or tuple(J.shape) == (n + 1, n)
 
 
-VARIANTS = (1, 2)  # 1: one k-slice per step (2 barriers per slice); 2: whole element per stage
+# 1: one k-slice per step (2 barriers per slice); 2: whole element per stage; 3: as 2 with
+# registers capped for two blocks per multiprocessor (csrc/sem_kernels.cu)
+VARIANTS = (1, 2, 3)
+
+
+# Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2: variant 1 from
+# experiments/results/cuda_kernels_v2_h100.json (1 against 2), variant 3 from
+# cuda_kernels_v3_h100.json against the variant-2 rows of the former (two device calls).
+_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 14): 3, ("bk5", 15): 3, ("bk5", 16): 3,
+            ("mass", 8): 3, ("mass", 9): 3, ("mass", 10): 3, ("mass", 12): 3, ("mass", 16): 1,
+            ("stiffness", 13): 3, ("stiffness", 15): 3}
 
 
 def default_variant(op: str, n: int) -> int:
-    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1: the faster one on
-    an H100, FP64 (experiments/results/cuda_kernels_v2_h100.json): variant 1 for BK5/BK6 at
-    p ≤ 2 and the mass at p = 15, variant 2 everywhere else (by up to 3× for the mass)."""
-    if (op == "bk5" and n <= 3) or (op == "mass" and n >= 16):
-        return 1
-    return 2
+    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1: the faster one
+    measured on an H100, FP64 (2 unless :data:`_VARIANT` says otherwise)."""
+    return _VARIANT.get((op, n), 2)
 
 
 def _call(target: str, variant: int, u, *args):
@@ -166,7 +197,8 @@ def _call(target: str, variant: int, u, *args):
     _register()
     E, n = u.shape[-4], u.shape[-1]
     u5 = u.reshape((-1, E, n, n, n))
-    call = jax.ffi.ffi_call(f"jaxsem_{target}", jax.ShapeDtypeStruct(u5.shape, u5.dtype),
+    dt = "f64" if u.dtype == jnp.float64 else "f32"
+    call = jax.ffi.ffi_call(f"jaxsem_{target}_{dt}", jax.ShapeDtypeStruct(u5.shape, u5.dtype),
                             vmap_method="sequential")
     return call(u5, *args, variant=np.int32(variant)).reshape(u.shape)
 
@@ -223,7 +255,7 @@ def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
     """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
 
     ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
-    ``variant``: 1 or 2 (see :data:`VARIANTS`; default :func:`default_variant`).
+    ``variant``: 1, 2 or 3 (see :data:`VARIANTS`; default :func:`default_variant`).
     """
     _entry("stiffness_gll_cuda", u, None, "bk5")
     v = _variant(variant, "bk5", u.shape[-1])

@@ -803,12 +803,13 @@ def stiffness_fused(u, J, Dt, G, h1=None, *, interpret=None, elements_per_block=
 # Operators "auto" sends to a GPU kernel (Pallas or CUDA); others stay einsum.
 AUTO_FUSED = frozenset({"mass", "stiffness", "stiffness_gll"})
 
-# Where "auto" takes the Pallas kernel although the CUDA one runs, by (operator, n = p + 1):
-# measured faster on an H100, FP64 (README "Speed"): BK5/BK6 at p = 3 and 7 (n a power of
-# two: no padding, persistent grid with prefetch; p = 7 BK5 25.2 against 22.8 GDOF/s, BK6
-# 32.0 against 29.6) and the mass at p = 11 (30.2 against 16.1). Everywhere else the CUDA
-# kernels (experiments/results/cuda_kernels_v2_h100.json) were as fast or faster.
-PALLAS_BEST = frozenset({("stiffness_gll", 4), ("stiffness_gll", 8), ("mass", 12)})
+# Where "auto" takes the Pallas kernel although the CUDA one runs, by (operator, n = p + 1,
+# vector form): measured faster on an H100, FP64 — BK6 at p = 7 (n a power of two: no
+# padding, persistent grid with prefetch; 31.3–32.0 against 28.3–29.6 GDOF/s in three runs)
+# and BK1 at p = 11 (30.2 against 27.8). Everywhere else measured, the CUDA kernels were as
+# fast or faster (BK5 p = 7: 26.9–27.2 against 25.1–25.3; BK3 p = 7: 10.6 against 3.1):
+# experiments/results/cuda_kernels_*_h100.json, cuda_p7_*_h100.json.
+PALLAS_BEST = frozenset({("stiffness_gll", 8, True), ("mass", 12, False)})
 
 IMPLS = ("auto", "einsum", "pallas", "fused", "cuda")
 
@@ -830,7 +831,7 @@ def _resolve(impl: str, operator: str, u, J=None) -> str:
     gll = operator == "stiffness_gll"
     pallas_ok = fused_supported(u) if gll else gauss_fused_supported(u, J)
     cuda_ok = cuda_kernels.cuda_supported(u, None if gll else J) and cuda_kernels.cuda_available()
-    if cuda_ok and not ((operator, u.shape[-1]) in PALLAS_BEST and pallas_ok):
+    if cuda_ok and not ((operator, u.shape[-1], u.ndim > 4) in PALLAS_BEST and pallas_ok):
         return "cuda"
     return "pallas" if pallas_ok else "einsum"
 

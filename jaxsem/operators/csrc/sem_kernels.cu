@@ -14,7 +14,8 @@
 //   BK1/BK2 (mass, Gauss):      w = Jᵀ⊗Jᵀ⊗Jᵀ (B ⊙ J⊗J⊗J u)
 //   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
 //                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
-// Built by jaxsem/operators/cuda.py (nvcc, -arch of the device), cached per source hash.
+// Built by jaxsem/operators/cuda_kernels.py (nvcc, the device's own architecture), one
+// library per operator and dtype, cached per source hash.
 
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -293,7 +294,10 @@ stiffness_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict_
 // so a kernel needs 2 (BK5) to 8 (BK3) block barriers per element instead of two per
 // slice, and each thread has N independent sums per stage (more work between barriers).
 // Shared memory is dynamic (opted in above 48 KB): per element 3N³ words (BK5),
-// N²Q + NQ² (mass), 3Q³ (stiffness).
+// N²Q + NQ² (mass), 3Q³ (stiffness). MINB is __launch_bounds__' minimum of resident blocks:
+// 0 (variant 2) leaves ptxas its own register heuristic (BK5 n = 8: 80 registers); 2
+// (variant 3) caps registers at 128 for 256 threads. Beware 1: ptxas then takes up to 255
+// (BK5 n = 8: 240 registers, 25% slower on an H100).
 
 extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 
@@ -302,8 +306,8 @@ __host__ __device__ constexpr int eb_element() {
   return (256 / (N * N)) > 0 ? 256 / (N * N) : 1;
 }
 
-template <int N, typename T>
-__global__ void __launch_bounds__(N * N * eb_element<N>())
+template <int N, typename T, int MINB>
+__global__ void __launch_bounds__(N * N * eb_element<N>(), MINB)
 bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
                    const T* __restrict__ G, T* __restrict__ w) {
   constexpr int EB = eb_element<N>();
@@ -472,8 +476,8 @@ __host__ __device__ constexpr int stiffness_region() {
   return 3 * Q * Q * Q > mass_region<N, Q>() ? 3 * Q * Q * Q : mass_region<N, Q>();
 }
 
-template <int N, int Q, typename T>
-__global__ void __launch_bounds__(Q * Q * eb_element<Q>())
+template <int N, int Q, typename T, int MINB>
+__global__ void __launch_bounds__(Q * Q * eb_element<Q>(), MINB)
 mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                     const T* __restrict__ B, T* __restrict__ w) {
   constexpr int EB = eb_element<Q>();
@@ -496,8 +500,8 @@ mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restri
   }
 }
 
-template <int N, int Q, typename T>
-__global__ void __launch_bounds__(Q * Q * eb_element<Q>())
+template <int N, int Q, typename T, int MINB>
+__global__ void __launch_bounds__(Q * Q * eb_element<Q>(), MINB)
 stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                          const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
   constexpr int EB = eb_element<Q>();
@@ -594,9 +598,14 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
   }
   constexpr int EB = eb_element<N>();
   const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
-  allow_smem(bk5_element_kernel<N, T>, smem);
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
-  bk5_element_kernel<N, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+  if (variant == 3) {  // registers capped for two blocks per multiprocessor
+    allow_smem(bk5_element_kernel<N, T, 2>, smem);
+    bk5_element_kernel<N, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+    return;
+  }
+  allow_smem(bk5_element_kernel<N, T, 0>, smem);
+  bk5_element_kernel<N, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
 }
 
 template <int N, typename T>
@@ -610,9 +619,14 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
   }
   constexpr int EB = eb_element<Q>();
   const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
-  allow_smem(mass_element_kernel<N, Q, T>, smem);
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  mass_element_kernel<N, Q, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+  if (variant == 3) {
+    allow_smem(mass_element_kernel<N, Q, T, 2>, smem);
+    mass_element_kernel<N, Q, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+    return;
+  }
+  allow_smem(mass_element_kernel<N, Q, T, 0>, smem);
+  mass_element_kernel<N, Q, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
 }
 
 template <int N, typename T>
@@ -627,9 +641,14 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
   }
   constexpr int EB = eb_element<Q>();
   const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
-  allow_smem(stiffness_element_kernel<N, Q, T>, smem);
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  stiffness_element_kernel<N, Q, T><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+  if (variant == 3) {
+    allow_smem(stiffness_element_kernel<N, Q, T, 2>, smem);
+    stiffness_element_kernel<N, Q, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+    return;
+  }
+  allow_smem(stiffness_element_kernel<N, Q, T, 0>, smem);
+  stiffness_element_kernel<N, Q, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
 }
 
 #define JAXSEM_SWITCH_N(n, CALL)                                                 \
@@ -717,68 +736,61 @@ ffi::Error stiffness_typed(cudaStream_t st, int variant, const Shape& s, const f
   return finish();
 }
 
-ffi::Error bk5_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer D, ffi::AnyBuffer G,
-                    ffi::Result<ffi::AnyBuffer> w) {
-  Shape s;
-  if (auto err = shape_of(u, s); err.failure()) return err;
-  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
-  switch (u.element_type()) {
-    case ffi::DataType::F64: return bk5_typed<double>(st, variant, s, u, D, G, w);
-    case ffi::DataType::F32: return bk5_typed<float>(st, variant, s, u, D, G, w);
-    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
-  }
+#ifndef JAXSEM_REAL
+#define JAXSEM_REAL double
+#endif
+
+constexpr ffi::DataType real_type() {
+  return sizeof(JAXSEM_REAL) == 8 ? ffi::DataType::F64 : ffi::DataType::F32;
 }
 
-ffi::Error mass_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
-                     ffi::Result<ffi::AnyBuffer> w) {
-  Shape s;
+ffi::Error check(const ffi::AnyBuffer& u, Shape& s) {
   if (auto err = shape_of(u, s); err.failure()) return err;
-  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
-  switch (u.element_type()) {
-    case ffi::DataType::F64: return mass_typed<double>(st, variant, s, u, J, B, w);
-    case ffi::DataType::F32: return mass_typed<float>(st, variant, s, u, J, B, w);
-    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
-  }
+  if (u.element_type() != real_type())
+    return ffi::Error::InvalidArgument("jaxsem cuda: this library was built for another dtype");
+  return ffi::Error::Success();
 }
 
-ffi::Error stiffness_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer Dq,
-                          ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
+#if defined(JAXSEM_OP_BK5)
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer D, ffi::AnyBuffer G,
+                       ffi::Result<ffi::AnyBuffer> w) {
   Shape s;
-  if (auto err = shape_of(u, s); err.failure()) return err;
+  if (auto err = check(u, s); err.failure()) return err;
   if (s.E == 0 || s.C == 0) return ffi::Error::Success();
-  switch (u.element_type()) {
-    case ffi::DataType::F64: return stiffness_typed<double>(st, variant, s, u, J, Dq, G, w);
-    case ffi::DataType::F32: return stiffness_typed<float>(st, variant, s, u, J, Dq, G, w);
-    default: return ffi::Error::InvalidArgument("jaxsem cuda: float32 or float64 only");
-  }
+  return bk5_typed<JAXSEM_REAL>(st, variant, s, u, D, G, w);
 }
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_MASS)
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
+                       ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = check(u, s); err.failure()) return err;
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  return mass_typed<JAXSEM_REAL>(st, variant, s, u, J, B, w);
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_STIFFNESS)
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer Dq,
+                       ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = check(u, s); err.failure()) return err;
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  return stiffness_typed<JAXSEM_REAL>(st, variant, s, u, J, Dq, G, w);
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#else
+#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS"
+#endif
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemBk5, bk5_impl,
+// One handler per library: cuda_kernels.build() compiles this file once per operator and
+// dtype (-DJAXSEM_OP_BK5|MASS|STIFFNESS -DJAXSEM_REAL=double|float), in parallel.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Attr<int32_t>("variant")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemMass, mass_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Attr<int32_t>("variant")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemStiffness, stiffness_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Attr<int32_t>("variant")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Attr<int32_t>("variant") JAXSEM_ARGS
+                                  .Ret<ffi::AnyBuffer>(),
+                              // kernel launches only: XLA may record it in a CUDA graph
+                              // (the PCG loop body stays one command buffer)
+                              {ffi::Traits::kCmdBufferCompatible});
