@@ -93,6 +93,7 @@ def test_solve_with_cuda_kernels(bp):
     h1, h2 = poisson.coefficients(bp)
     f = 1.0 + 0.5 * jnp.cos(jnp.arange(sem.geom.B.size).reshape(sem.geom.B.shape))
     assert poisson.kernels(sem, f[..., :6, :6, :6], h1, h2, "cuda") == "cuda"
+    assert poisson.kernels(sem, f[..., :6, :6, :6], h1, h2, "auto") == "cuda"  # auto prefers CUDA
     ue, ie = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="einsum")
     uc, ic = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="cuda")
     assert abs(int(ic.iterations) - int(ie.iterations)) <= 1

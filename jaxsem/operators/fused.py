@@ -803,13 +803,11 @@ def stiffness_fused(u, J, Dt, G, h1=None, *, interpret=None, elements_per_block=
 # Operators "auto" sends to a GPU kernel (Pallas or CUDA); others stay einsum.
 AUTO_FUSED = frozenset({"mass", "stiffness", "stiffness_gll"})
 
-# Where "auto" takes the Pallas kernel although the CUDA one runs, by (operator, n = p + 1,
-# vector form): measured faster on an H100, FP64 — BK6 at p = 7 (n a power of two: no
-# padding, persistent grid with prefetch; 31.3–32.0 against 28.3–29.6 GDOF/s in three runs)
-# and BK1 at p = 11 (30.2 against 27.8). Everywhere else measured, the CUDA kernels were as
-# fast or faster (BK5 p = 7: 26.9–27.2 against 25.1–25.3; BK3 p = 7: 10.6 against 3.1):
-# experiments/results/cuda_kernels_*_h100.json, cuda_p7_*_h100.json.
-PALLAS_BEST = frozenset({("stiffness_gll", 8, True), ("mass", 12, False)})
+# "auto" prefers the CUDA kernels wherever they build: on an H100 they were as fast or
+# faster than the Pallas ones at every order and dtype measured, except FP64 BK6 at p = 7
+# (28.3–29.6 against 31.3–32.0 GDOF/s) and BK1 at p = 11 (27.8 against 30.2), and they run
+# inside shard_map on several GPUs, where a Pallas kernel segfaults (reproduced on two H200s:
+# experiments/results/shard_impl_h200x2.json). Pallas is the fallback without nvcc.
 
 IMPLS = ("auto", "einsum", "pallas", "fused", "cuda")
 
@@ -819,8 +817,8 @@ def _resolve(impl: str, operator: str, u, J=None) -> str:
     "einsum", "pallas" ("fused" is an alias) or "cuda" (:mod:`.cuda_kernels`).
 
     ``"auto"``: einsum off GPU; on a GPU the CUDA kernel where it builds and runs these
-    shapes unless :data:`PALLAS_BEST` names the pair, then the Pallas kernel where it
-    supports them, else einsum.
+    shapes, else the Pallas kernel where it supports them (one device: it crashes inside
+    ``shard_map`` on several GPUs), else einsum.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -829,10 +827,9 @@ def _resolve(impl: str, operator: str, u, J=None) -> str:
     if _default_interpret() or operator not in AUTO_FUSED:
         return "einsum"
     gll = operator == "stiffness_gll"
-    pallas_ok = fused_supported(u) if gll else gauss_fused_supported(u, J)
-    cuda_ok = cuda_kernels.cuda_supported(u, None if gll else J) and cuda_kernels.cuda_available()
-    if cuda_ok and not ((operator, u.shape[-1], u.ndim > 4) in PALLAS_BEST and pallas_ok):
+    if cuda_kernels.cuda_supported(u, None if gll else J) and cuda_kernels.cuda_available():
         return "cuda"
+    pallas_ok = fused_supported(u) if gll else gauss_fused_supported(u, J)
     return "pallas" if pallas_ok else "einsum"
 
 
