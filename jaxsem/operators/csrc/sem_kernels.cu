@@ -536,6 +536,9 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
       rw[k] = 0;
     }
     __syncthreads();
+    // The collocated stage below is bk5_element_kernel's on the Q grid. It is kept as a copy, not a
+    // shared function, because the timings in experiments/results belong to this code; merge
+    // the two when a GPU can re-check and re-time both (NOTES_speed.md, session 4).
     const T* g = G + ee * q3 + b * Q + a;
 #pragma unroll
     for (int k = 0; k < Q; ++k) {
