@@ -264,8 +264,9 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--exchange", default="rounds", choices=["rounds", "alltoall"],
                     help="shard backend: one ppermute per round of rank pairs, or one all_to_all")
-    ap.add_argument("--impl", default="einsum", choices=["einsum", "fused", "auto"],
-                    help="BK5 local operator: einsum chain or the fused Pallas kernel (GPU)")
+    ap.add_argument("--impl", default="einsum", choices=["einsum", "fused", "cuda", "auto"],
+                    help="BK5 local operator: einsum chain, the Pallas kernel (one GPU only: it crashes "
+                         "inside shard_map on several), the CUDA kernel, or auto (GPU)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)
