@@ -79,6 +79,8 @@ def check(orders, out, impls=("cuda1", "cuda2")):
                 ref = apply(op, "einsum", u, J, Dt, data)
                 args = [a.astype(dtype) for a in (u, J, Dt, data)]
                 for impl in impls:
+                    if impl == "cuda1" and op == "stiffness":  # no slice kernel for BK3/BK4
+                        continue
                     w = jax.jit(lambda *a: apply(op, impl, *a))(*args)
                     err = float(jnp.max(jnp.abs(w.astype(jnp.float64) - ref)) / jnp.max(jnp.abs(ref)))
                     rows.append(dict(problem=prob, order=order, impl=impl, dtype=jnp.dtype(dtype).name,

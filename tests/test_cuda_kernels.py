@@ -47,6 +47,8 @@ def test_cuda_off_gpu_is_a_clear_error():
     u, J, Dt, B, G = _data(2, 3)
     with pytest.raises(ValueError, match="need a CUDA GPU"):
         mass_auto(u, J, B, impl="cuda")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        ck.stiffness_cuda(u, J, Dt, G, variant=1)  # no slice kernel for BK3/BK4
     with pytest.raises(ValueError, match="n <= 16"):
         ck.stiffness_gll_cuda(jnp.zeros((2, 17, 17, 17)), jnp.eye(17), jnp.zeros((6, 2, 17, 17, 17)))
 

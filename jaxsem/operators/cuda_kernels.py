@@ -82,7 +82,7 @@ def cuda_available() -> bool:
     an already built library for this GPU, or ``$JAXSEM_CUDA_LIB`` (checked once)."""
     if jax.default_backend() not in ("gpu", "cuda") or _gpu() is None:
         return False
-    return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _cached_path(_gpu()) is not None
+    return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _built(_gpu())
 
 
 OPS = ("bk5", "mass", "stiffness")
@@ -107,9 +107,9 @@ def _names(device, nvcc) -> dict:
     return {(op, dt): f"sem_{op}_{dt}_{tag}.so" for op in OPS for dt in DTYPES}
 
 
-def _cached_path(device) -> Path | None:
-    d = _cache_dir()
-    return d if all((d / f).exists() for f in _names(device, _nvcc()).values()) else None
+def _built(device) -> bool:
+    """Whether every library for this GPU and source is in the cache."""
+    return all((_cache_dir() / f).exists() for f in _names(device, _nvcc()).values())
 
 
 def build(verbose: bool = True) -> dict:
@@ -173,8 +173,8 @@ def cuda_supported(u, J=None) -> bool:
     return J is None or tuple(J.shape) == (n + 1, n)
 
 
-# 1: one k-slice per step (2 barriers per slice); 2: whole element per stage; 3: as 2 with
-# registers capped for two blocks per multiprocessor (csrc/sem_kernels.cu)
+# 1: one k-slice per step (2 barriers per slice; BK5/BK6 and the mass only); 2: whole element
+# per stage; 3: as 2 with registers capped for two blocks per multiprocessor (csrc/sem_kernels.cu)
 VARIANTS = (1, 2, 3)
 
 
@@ -236,8 +236,9 @@ def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference
 def _variant(variant, op, n):
     if variant is None:
         return default_variant(op, n)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    allowed = VARIANTS[1:] if op == "stiffness" else VARIANTS  # BK3/BK4 have no slice kernel
+    if variant not in allowed:
+        raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
     return int(variant)
 
 
@@ -257,8 +258,8 @@ def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
     ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
     ``variant``: 1, 2 or 3 (see :data:`VARIANTS`; default :func:`default_variant`).
     """
-    _entry("stiffness_gll_cuda", u, None, "bk5")
     v = _variant(variant, "bk5", u.shape[-1])
+    _entry("stiffness_gll_cuda", u, None, "bk5")
     if h1 is not None:
         G = G * h1
     return _apply(u, D.astype(u.dtype), D.astype(u.dtype), G.astype(u.dtype), "bk5", v)
@@ -267,8 +268,8 @@ def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
 def mass_cuda(u, J, B, h2=None, variant=None):
     """BK1/BK2 ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (as :func:`mass`): ``J: (n + 1, n)``,
     ``B: (E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    _entry("mass_cuda", u, J, "mass")
     v = _variant(variant, "mass", u.shape[-1])
+    _entry("mass_cuda", u, J, "mass")
     if h2 is not None:
         B = B * h2
     J = J.astype(u.dtype)
@@ -278,8 +279,8 @@ def mass_cuda(u, J, B, h2=None, variant=None):
 def stiffness_cuda(u, J, Dt, G, h1=None, variant=None):
     """BK3/BK4 stiffness on q = n + 1 Gauss points (as :func:`stiffness`): ``J, Dt: (q, n)``,
     ``G: (6, E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    _entry("stiffness_cuda", u, J, "stiffness")
     v = _variant(variant, "stiffness", u.shape[-1])
+    _entry("stiffness_cuda", u, J, "stiffness")
     if h1 is not None:
         G = G * h1
     return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", v)

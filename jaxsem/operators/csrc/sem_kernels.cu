@@ -211,83 +211,8 @@ mass_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
   }
 }
 
-// ------------------------------------------------------------------------- BK3 / BK4
-template <int N, int Q, typename T>
-__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>())
-stiffness_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
-                 const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
-  constexpr int EB = elements_per_block<Q>();
-  constexpr int P = Q + 1;
-  __shared__ T sJ[Q][N + 1];
-  __shared__ T sD[Q][P];
-  __shared__ T sDt[Q][P];
-  __shared__ T sU[2][EB][N][N + 1];
-  __shared__ T sV[2][EB][Q][P];
-  __shared__ T sT[EB * N][P];
-  __shared__ T sr[EB][Q][P];
-  __shared__ T ss[EB][Q][P];
-  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
-  const int tid = a + Q * (b + Q * z);
-  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t / N][t % N] = J[t];
-  for (int t = tid; t < Q * Q; t += Q * Q * EB) {
-    sD[t / Q][t % Q] = Dq[t];
-    sDt[t % Q][t / Q] = Dq[t];
-  }
-  const int64_t e = int64_t(blockIdx.x) * EB + z;
-  const bool active = e < E;
-  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
-  const int64_t ee = active ? e : 0;
-  const int64_t gstride = E * q3;
-  __syncthreads();
-  for (int c = 0; c < C; ++c) {
-    T rx[Q], rt[Q], rw[Q];
-    interp_forward<N, Q, EB, T>(u + (c * E + ee) * n3, active, a, b, z, sJ, sU, sT, rx);
-#pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      T s = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) s += sD[k][m] * rx[m];
-      rt[k] = s;
-      rw[k] = 0;
-    }
-#pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      const int p = k & 1;
-      sV[p][z][b][a] = rx[k];
-      __syncthreads();
-      T ur = 0, us = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) {
-        ur += sDt[m][a] * sV[p][z][b][m];
-        us += sD[b][m] * sV[p][z][m][a];
-      }
-      const T* g = G + ee * q3 + k * q2 + b * Q + a;
-      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
-      if (active) {
-        g0 = g[0];
-        g1 = g[gstride];
-        g2 = g[2 * gstride];
-        g3 = g[3 * gstride];
-        g4 = g[4 * gstride];
-        g5 = g[5 * gstride];
-      }
-      const T ut = rt[k];
-      sr[z][b][a] = g0 * ur + g1 * us + g2 * ut;
-      ss[z][b][a] = g1 * ur + g3 * us + g4 * ut;
-      const T gt = g2 * ur + g4 * us + g5 * ut;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) rw[m] += sD[k][m] * gt;
-      __syncthreads();
-      T acc = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) acc += sD[m][a] * sr[z][b][m] + sD[m][b] * ss[z][m][a];
-      rw[k] += acc;
-    }
-    // interp_back reuses sV/sT: every read of them above precedes the last slice's
-    // second barrier, and interp_back writes before its own first one, so no barrier here.
-    interp_back<N, Q, EB, T>(w + (c * E + ee) * n3, active, a, b, z, sJ, sV, sT, rw);
-  }
-}
+// BK3/BK4 have no slice variant: measured 1.3-3x slower than the whole-element kernel at every
+// order on an H100 (experiments/results/cuda_kernels_v2_h100.json), it is no longer built.
 
 // ================================================================ whole-element variants
 // Variant 2 ("element"): the whole element goes through shared memory once per stage,
@@ -301,16 +226,58 @@ stiffness_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict_
 
 extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 
-template <int N>
-__host__ __device__ constexpr int eb_element() {
-  return (256 / (N * N)) > 0 ? 256 / (N * N) : 1;
+// The collocated stiffness stage on an M³ grid (BK5 on the GLL points, BK3 on the Gauss
+// points): X holds the element in shared memory, xc[] is thread (a, b)'s column of it, g points
+// at G[0][e][0][b][a] with the factors gstride apart; on return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)
+// at (k, b, a). GR, GS: M³ words of scratch each. One barrier inside.
+template <int M, typename T>
+__device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], const T* sD, const T* sDt,
+                                                 const T* __restrict__ g, int64_t gstride, bool active,
+                                                 int a, int b, T* GR, T* GS, T (&rw)[M]) {
+  constexpr int m2 = M * M;
+#pragma unroll
+  for (int k = 0; k < M; ++k) rw[k] = 0;
+#pragma unroll
+  for (int k = 0; k < M; ++k) {
+    T ur = 0, us = 0, ut = 0;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      ur += sDt[m * M + a] * X[(k * M + b) * M + m];
+      us += sD[b * M + m] * X[(k * M + m) * M + a];
+      ut += sD[k * M + m] * xc[m];
+    }
+    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+    if (active) {
+      const T* gk = g + k * m2;
+      g0 = gk[0];
+      g1 = gk[gstride];
+      g2 = gk[2 * gstride];
+      g3 = gk[3 * gstride];
+      g4 = gk[4 * gstride];
+      g5 = gk[5 * gstride];
+    }
+    GR[(k * M + b) * M + a] = g0 * ur + g1 * us + g2 * ut;
+    GS[(k * M + b) * M + a] = g1 * ur + g3 * us + g4 * ut;
+    const T gt = g2 * ur + g4 * us + g5 * ut;
+#pragma unroll
+    for (int m = 0; m < M; ++m) rw[m] += sD[k * M + m] * gt;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < M; ++k) {
+    T acc = 0;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      acc += sD[m * M + a] * GR[(k * M + b) * M + m] + sD[m * M + b] * GS[(k * M + m) * M + a];
+    rw[k] += acc;
+  }
 }
 
 template <int N, typename T, int MINB>
-__global__ void __launch_bounds__(N * N * eb_element<N>(), MINB)
+__global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
 bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
                    const T* __restrict__ G, T* __restrict__ w) {
-  constexpr int EB = eb_element<N>();
+  constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
   T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
   T* sDt = sD + n2;                           // sDt[b*N + a] = D[a][b]
@@ -334,45 +301,8 @@ bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restric
     __syncthreads();
     T ru[N], rw[N];
 #pragma unroll
-    for (int m = 0; m < N; ++m) {
-      ru[m] = U[(m * N + j) * N + i];
-      rw[m] = 0;
-    }
-    const T* g = G + base + j * N + i;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      T ur = 0, us = 0, ut = 0;
-#pragma unroll
-      for (int m = 0; m < N; ++m) {
-        ur += sDt[m * N + i] * U[(k * N + j) * N + m];
-        us += sD[j * N + m] * U[(k * N + m) * N + i];
-        ut += sD[k * N + m] * ru[m];
-      }
-      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
-      if (active) {
-        const T* gk = g + k * n2;
-        g0 = gk[0];
-        g1 = gk[stride];
-        g2 = gk[2 * stride];
-        g3 = gk[3 * stride];
-        g4 = gk[4 * stride];
-        g5 = gk[5 * stride];
-      }
-      GR[(k * N + j) * N + i] = g0 * ur + g1 * us + g2 * ut;
-      GS[(k * N + j) * N + i] = g1 * ur + g3 * us + g4 * ut;
-      const T gt = g2 * ur + g4 * us + g5 * ut;
-#pragma unroll
-      for (int m = 0; m < N; ++m) rw[m] += sD[k * N + m] * gt;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      T acc = 0;
-#pragma unroll
-      for (int m = 0; m < N; ++m)
-        acc += sD[m * N + i] * GR[(k * N + j) * N + m] + sD[m * N + j] * GS[(k * N + m) * N + i];
-      rw[k] += acc;
-    }
+    for (int m = 0; m < N; ++m) ru[m] = U[(m * N + j) * N + i];
+    collocated_stage<N, T>(U, ru, sD, sDt, G + base + j * N + i, stride, active, i, j, GR, GS, rw);
     if (active) {
       T* wc = w + c * stride + base + j * N + i;
 #pragma unroll
@@ -477,10 +407,10 @@ __host__ __device__ constexpr int stiffness_region() {
 }
 
 template <int N, int Q, typename T, int MINB>
-__global__ void __launch_bounds__(Q * Q * eb_element<Q>(), MINB)
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                     const T* __restrict__ B, T* __restrict__ w) {
-  constexpr int EB = eb_element<Q>();
+  constexpr int EB = elements_per_block<Q>();
   constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
   T* sJ = reinterpret_cast<T*>(jaxsem_smem);
   const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
@@ -501,11 +431,11 @@ mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restri
 }
 
 template <int N, int Q, typename T, int MINB>
-__global__ void __launch_bounds__(Q * Q * eb_element<Q>(), MINB)
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                          const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
-  constexpr int EB = eb_element<Q>();
-  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
   T* sJ = reinterpret_cast<T*>(jaxsem_smem);
   T* sD = sJ + Q * N;    // sD[a*Q + b] = Dq[a][b]
   T* sDt = sD + Q * Q;   // sDt[b*Q + a] = Dq[a][b]
@@ -531,49 +461,9 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
     forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
     __syncthreads();  // forward's reads of Bf done before X overwrites the region
 #pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      X[(k * Q + b) * Q + a] = rx[k];
-      rw[k] = 0;
-    }
+    for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
-    // The collocated stage below is bk5_element_kernel's on the Q grid. It is kept as a copy, not a
-    // shared function, because the timings in experiments/results belong to this code; merge
-    // the two when a GPU can re-check and re-time both (NOTES_speed.md, session 4).
-    const T* g = G + ee * q3 + b * Q + a;
-#pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      T ur = 0, us = 0, ut = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) {
-        ur += sDt[m * Q + a] * X[(k * Q + b) * Q + m];
-        us += sD[b * Q + m] * X[(k * Q + m) * Q + a];
-        ut += sD[k * Q + m] * rx[m];
-      }
-      T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
-      if (active) {
-        const T* gk = g + k * q2;
-        g0 = gk[0];
-        g1 = gk[gstride];
-        g2 = gk[2 * gstride];
-        g3 = gk[3 * gstride];
-        g4 = gk[4 * gstride];
-        g5 = gk[5 * gstride];
-      }
-      GR[(k * Q + b) * Q + a] = g0 * ur + g1 * us + g2 * ut;
-      GS[(k * Q + b) * Q + a] = g1 * ur + g3 * us + g4 * ut;
-      const T gt = g2 * ur + g4 * us + g5 * ut;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) rw[m] += sD[k * Q + m] * gt;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      T acc = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m)
-        acc += sD[m * Q + a] * GR[(k * Q + b) * Q + m] + sD[m * Q + b] * GS[(k * Q + m) * Q + a];
-      rw[k] += acc;
-    }
+    collocated_stage<Q, T>(X, rx, sD, sDt, G + ee * q3 + b * Q + a, gstride, active, a, b, GR, GS, rw);
     back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rw);
   }
 }
@@ -599,7 +489,7 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
     return;
   }
-  constexpr int EB = eb_element<N>();
+  constexpr int EB = elements_per_block<N>();
   const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 3) {  // registers capped for two blocks per multiprocessor
@@ -620,7 +510,7 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
     mass_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, B, w);
     return;
   }
-  constexpr int EB = eb_element<Q>();
+  constexpr int EB = elements_per_block<Q>();
   const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 3) {
@@ -635,14 +525,8 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
 template <int N, typename T>
 void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, const T* Dq, const T* G,
                       T* w) {
-  constexpr int Q = N + 1;
-  if (variant == 1) {
-    constexpr int EB = elements_per_block<Q>();
-    dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-    stiffness_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
-    return;
-  }
-  constexpr int EB = eb_element<Q>();
+  constexpr int Q = N + 1;  // variants 2 and 3 only (cuda_kernels.py rejects 1)
+  constexpr int EB = elements_per_block<Q>();
   const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 3) {
