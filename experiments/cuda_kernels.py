@@ -52,8 +52,8 @@ def inputs(key, E, order, op, components, dtype):
 
 
 def apply(op, impl, u, J, Dt, data):
-    """``impl``: einsum, pallas, cuda (default variant) or cuda1 / cuda2 / cuda3 (that variant)."""
-    if impl in ("cuda1", "cuda2", "cuda3"):
+    """``impl``: einsum, pallas, cuda (default variant) or cuda1 … cuda7 (that variant)."""
+    if impl in tuple(f"cuda{v}" for v in ck.VARIANTS):
         v = int(impl[-1])
         if op == "mass":
             return ck.mass_cuda(u, J, data, variant=v)

@@ -174,21 +174,36 @@ def cuda_supported(u, J=None) -> bool:
 
 
 # 1: one k-slice per step (2 barriers per slice; BK5/BK6 and the mass only); 2: whole element
-# per stage; 3: as 2 with registers capped for two blocks per multiprocessor (csrc/sem_kernels.cu)
-VARIANTS = (1, 2, 3)
+# per stage; 3: as 2 with registers capped for two blocks per multiprocessor; 4/5: as 2/3 with the
+# operator matrices' uniform reads from constant memory, D rows in registers (n ≤ 10) and G
+# prefetched a slice ahead; 6/7: as 2/3 with constant memory only (csrc/sem_kernels.cu). The mass
+# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there.
+VARIANTS = (1, 2, 3, 4, 5, 6, 7)
 
 
-# Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2: variant 1 from
-# experiments/results/cuda_kernels_v2_h100.json (1 against 2), variant 3 from
-# cuda_kernels_v3_h100.json against the variant-2 rows of the former (two device calls).
-_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 14): 3, ("bk5", 15): 3, ("bk5", 16): 3,
-            ("mass", 8): 3, ("mass", 9): 3, ("mass", 10): 3, ("mass", 12): 3, ("mass", 16): 1,
-            ("stiffness", 13): 3, ("stiffness", 15): 3}
+# Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
+# experiments/results/cuda_kernels_v{2,3}_h100.json; 4-7 from cuda_variants_orders_h100.json (one
+# sweep of 2-7 at p = 3…15, BK5/BK1/BK3), taken only where they beat the former default by > 5%
+# (two identical kernels, mass 4 ≡ 6, differed by up to 7% at p = 3 and ≤ 4% elsewhere).
+_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 9): 6, ("bk5", 11): 4, ("bk5", 12): 6,
+            ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
+            ("mass", 4): 4, ("mass", 5): 4, ("mass", 6): 4, ("mass", 8): 5, ("mass", 9): 3, ("mass", 10): 4,
+            ("mass", 12): 3, ("mass", 13): 4, ("mass", 14): 4, ("mass", 15): 5, ("mass", 16): 5,
+            ("stiffness", 4): 6, ("stiffness", 6): 6, ("stiffness", 7): 6, ("stiffness", 8): 5,
+            ("stiffness", 10): 7, ("stiffness", 12): 7, ("stiffness", 13): 3, ("stiffness", 15): 3}
+
+# Where the vector forms (BK2/BK4/BK6: 3 components in one launch) want another variant: measured at
+# p = 7 only (cuda_variants_p7_h100.json: BK6 36.4 GDOF/s with 4 against 28.4 with 2, BK2 35.4
+# against 31.2).
+_VARIANT_VECTOR = {("bk5", 8): 4, ("mass", 8): 4}
 
 
-def default_variant(op: str, n: int) -> int:
-    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1: the faster one
-    measured on an H100, FP64 (2 unless :data:`_VARIANT` says otherwise)."""
+def default_variant(op: str, n: int, components: int = 1) -> int:
+    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1 with ``components``
+    fields per launch: the faster one measured on an H100, FP64 (2 unless :data:`_VARIANT` or,
+    for several components, :data:`_VARIANT_VECTOR` says otherwise)."""
+    if components > 1 and (op, n) in _VARIANT_VECTOR:
+        return _VARIANT_VECTOR[op, n]
     return _VARIANT.get((op, n), 2)
 
 
@@ -233,9 +248,10 @@ def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference
     return _apply(*primals, op, variant), dw
 
 
-def _variant(variant, op, n):
+def _variant(variant, op, u):
+    n = u.shape[-1] if u.ndim else 0
     if variant is None:
-        return default_variant(op, n)
+        return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
     allowed = VARIANTS[1:] if op == "stiffness" else VARIANTS  # BK3/BK4 have no slice kernel
     if variant not in allowed:
         raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
@@ -256,9 +272,9 @@ def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
     """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
 
     ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
-    ``variant``: 1, 2 or 3 (see :data:`VARIANTS`; default :func:`default_variant`).
+    ``variant``: one of :data:`VARIANTS` (default :func:`default_variant`).
     """
-    v = _variant(variant, "bk5", u.shape[-1])
+    v = _variant(variant, "bk5", u)
     _entry("stiffness_gll_cuda", u, None, "bk5")
     if h1 is not None:
         G = G * h1
@@ -268,7 +284,7 @@ def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
 def mass_cuda(u, J, B, h2=None, variant=None):
     """BK1/BK2 ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (as :func:`mass`): ``J: (n + 1, n)``,
     ``B: (E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, "mass", u.shape[-1])
+    v = _variant(variant, "mass", u)
     _entry("mass_cuda", u, J, "mass")
     if h2 is not None:
         B = B * h2
@@ -279,7 +295,7 @@ def mass_cuda(u, J, B, h2=None, variant=None):
 def stiffness_cuda(u, J, Dt, G, h1=None, variant=None):
     """BK3/BK4 stiffness on q = n + 1 Gauss points (as :func:`stiffness`): ``J, Dt: (q, n)``,
     ``G: (6, E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, "stiffness", u.shape[-1])
+    v = _variant(variant, "stiffness", u)
     _entry("stiffness_cuda", u, J, "stiffness")
     if h1 is not None:
         G = G * h1

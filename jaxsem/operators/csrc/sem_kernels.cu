@@ -18,6 +18,7 @@
 // library per operator and dtype, cached per source hash.
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 #include "xla/ffi/api/ffi.h"
@@ -215,6 +216,8 @@ mass_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
 // order on an H100 (experiments/results/cuda_kernels_v2_h100.json), it is no longer built.
 
 // ================================================================ whole-element variants
+// Variants 4-7: as 2/3 with the options of collocated_stage (constant-memory operator matrices,
+// register rows of D, G prefetch); see by_variant below and cuda_kernels.VARIANTS.
 // Variant 2 ("element"): the whole element goes through shared memory once per stage,
 // so a kernel needs 2 (BK5) to 8 (BK3) block barriers per element instead of two per
 // slice, and each thread has N independent sums per stage (more work between barriers).
@@ -226,54 +229,146 @@ mass_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
 
 extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 
+#ifndef JAXSEM_REAL
+#define JAXSEM_REAL double
+#endif
+
+// Variants 4 and 5 read the operator matrices where every thread of a warp wants the same entry
+// (the contractions along k, done in registers) from constant memory: with the loops unrolled the
+// index is a compile-time constant and the entry is an operand of the FMA, where variants 2/3
+// spend one shared-memory wavefront on each (Nsight Compute, H100, p = 7: the L1/shared pipe at
+// 76% (mass) and 81-87% (BK3) of its peak, the FP64 pipe at 20%). One slot per order n, so
+// launches of different orders never share one: the host copies the matrices in (device to device,
+// on the kernel's stream, so in stream order) before each launch.
+// BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
+__host__ __device__ constexpr int ops_words(int n) {
+#if defined(JAXSEM_OP_BK5)
+  return n * n;
+#elif defined(JAXSEM_OP_MASS)
+  return (n + 1) * n;
+#else
+  return (n + 1) * n + (n + 1) * (n + 1);
+#endif
+}
+
+__host__ __device__ constexpr int ops_offset(int n) { return n <= 2 ? 0 : ops_offset(n - 1) + ops_words(n - 1); }
+
+__constant__ JAXSEM_REAL c_ops[ops_offset(17)];
+
+constexpr int OPT_CONST = 1, OPT_ROWS = 2, OPT_PREFETCH = 4;
+
+// operator[] over constant memory at a compile-time offset (OFF: this order's slot)
+template <int OFF>
+struct ConstOps {
+  __device__ __forceinline__ JAXSEM_REAL operator[](int i) const { return c_ops[OFF + i]; }
+};
+
+template <typename T>
+cudaError_t copy_ops(const T* src, int words, int offset_words, cudaStream_t st) {
+  return cudaMemcpyToSymbolAsync(c_ops, src, sizeof(T) * words, sizeof(T) * offset_words,
+                                 cudaMemcpyDeviceToDevice, st);
+}
+
 // The collocated stiffness stage on an M³ grid (BK5 on the GLL points, BK3 on the Gauss
 // points): X holds the element in shared memory, xc[] is thread (a, b)'s column of it, g points
 // at G[0][e][0][b][a] with the factors gstride apart; on return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)
 // at (k, b, a). GR, GS: M³ words of scratch each. One barrier inside.
-template <int M, typename T>
+// OPT, a bit set (variants 4-7): OPT_CONST reads D where all threads want the same entry from cD
+// (ConstOps: constant memory); OPT_ROWS holds thread (a, b)'s rows D[a][:], D[b][:] (then the
+// columns D[:][a], D[:][b]) in registers for the whole element instead of re-reading them from
+// shared memory for every k (M ≤ 10, where the registers fit); OPT_PREFETCH loads the six
+// factors of slice k + 1 while slice k computes.
+template <int M, typename T, int OPT, typename UOps>
 __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], const T* sD, const T* sDt,
-                                                 const T* __restrict__ g, int64_t gstride, bool active,
-                                                 int a, int b, T* GR, T* GS, T (&rw)[M]) {
+                                                 UOps cD, const T* __restrict__ g, int64_t gstride,
+                                                 bool active, int a, int b, T* GR, T* GS, T (&rw)[M]) {
   constexpr int m2 = M * M;
+  constexpr bool CONST = OPT & OPT_CONST, ROWS = (OPT & OPT_ROWS) && M <= 10, PREF = OPT & OPT_PREFETCH;
+  T Da[ROWS ? M : 1], Db[ROWS ? M : 1];
+  if constexpr (ROWS) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      Da[m] = sDt[m * M + a];  // D[a][m]
+      Db[m] = sD[b * M + m];   // D[b][m]
+    }
+  }
+  T gn[6];
+  if constexpr (PREF) {
+#pragma unroll
+    for (int f = 0; f < 6; ++f) gn[f] = active ? g[f * gstride] : T(0);
+  }
 #pragma unroll
   for (int k = 0; k < M; ++k) rw[k] = 0;
 #pragma unroll
   for (int k = 0; k < M; ++k) {
+    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+    if constexpr (PREF) {
+      g0 = gn[0], g1 = gn[1], g2 = gn[2], g3 = gn[3], g4 = gn[4], g5 = gn[5];
+      if (k + 1 < M) {
+#pragma unroll
+        for (int f = 0; f < 6; ++f) gn[f] = active ? g[(k + 1) * m2 + f * gstride] : T(0);
+      }
+    }
     T ur = 0, us = 0, ut = 0;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      ur += sDt[m * M + a] * X[(k * M + b) * M + m];
-      us += sD[b * M + m] * X[(k * M + m) * M + a];
-      ut += sD[k * M + m] * xc[m];
+      if constexpr (ROWS) {
+        ur += Da[m] * X[(k * M + b) * M + m];
+        us += Db[m] * X[(k * M + m) * M + a];
+      } else {
+        ur += sDt[m * M + a] * X[(k * M + b) * M + m];
+        us += sD[b * M + m] * X[(k * M + m) * M + a];
+      }
+      if constexpr (CONST)
+        ut += cD[k * M + m] * xc[m];
+      else
+        ut += sD[k * M + m] * xc[m];
     }
-    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
-    if (active) {
-      const T* gk = g + k * m2;
-      g0 = gk[0];
-      g1 = gk[gstride];
-      g2 = gk[2 * gstride];
-      g3 = gk[3 * gstride];
-      g4 = gk[4 * gstride];
-      g5 = gk[5 * gstride];
+    if constexpr (!PREF) {
+      if (active) {
+        const T* gk = g + k * m2;
+        g0 = gk[0];
+        g1 = gk[gstride];
+        g2 = gk[2 * gstride];
+        g3 = gk[3 * gstride];
+        g4 = gk[4 * gstride];
+        g5 = gk[5 * gstride];
+      }
     }
     GR[(k * M + b) * M + a] = g0 * ur + g1 * us + g2 * ut;
     GS[(k * M + b) * M + a] = g1 * ur + g3 * us + g4 * ut;
     const T gt = g2 * ur + g4 * us + g5 * ut;
 #pragma unroll
-    for (int m = 0; m < M; ++m) rw[m] += sD[k * M + m] * gt;
+    for (int m = 0; m < M; ++m) {
+      if constexpr (CONST)
+        rw[m] += cD[k * M + m] * gt;
+      else
+        rw[m] += sD[k * M + m] * gt;
+    }
   }
   __syncthreads();
+  if constexpr (ROWS) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      Da[m] = sD[m * M + a];  // D[m][a]
+      Db[m] = sD[m * M + b];  // D[m][b]
+    }
+  }
 #pragma unroll
   for (int k = 0; k < M; ++k) {
     T acc = 0;
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      acc += sD[m * M + a] * GR[(k * M + b) * M + m] + sD[m * M + b] * GS[(k * M + m) * M + a];
+    for (int m = 0; m < M; ++m) {
+      if constexpr (ROWS)
+        acc += Da[m] * GR[(k * M + b) * M + m] + Db[m] * GS[(k * M + m) * M + a];
+      else
+        acc += sD[m * M + a] * GR[(k * M + b) * M + m] + sD[m * M + b] * GS[(k * M + m) * M + a];
+    }
     rw[k] += acc;
   }
 }
 
-template <int N, typename T, int MINB>
+template <int N, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
 bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
                    const T* __restrict__ G, T* __restrict__ w) {
@@ -302,7 +397,12 @@ bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restric
     T ru[N], rw[N];
 #pragma unroll
     for (int m = 0; m < N; ++m) ru[m] = U[(m * N + j) * N + i];
-    collocated_stage<N, T>(U, ru, sD, sDt, G + base + j * N + i, stride, active, i, j, GR, GS, rw);
+    if constexpr ((OPT & OPT_CONST) != 0)
+      collocated_stage<N, T, OPT>(U, ru, sD, sDt, ConstOps<ops_offset(N)>{}, G + base + j * N + i, stride,
+                                   active, i, j, GR, GS, rw);
+    else
+      collocated_stage<N, T, OPT>(U, ru, sD, sDt, static_cast<const T*>(sD), G + base + j * N + i, stride,
+                                    active, i, j, GR, GS, rw);
     if (active) {
       T* wc = w + c * stride + base + j * N + i;
 #pragma unroll
@@ -314,9 +414,9 @@ bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restric
 // Forward interpolation of a whole element: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a]
 // for thread (a, b) of the Q×Q layer. A: N²Q words, Bf: NQ² words of this element's shared
 // region; sJ[c*N + k] = J[c][k].
-template <int N, int Q, typename T>
+template <int N, int Q, typename T, typename UOps>
 __device__ __forceinline__ void forward_element(const T* __restrict__ ue, bool active, int a, int b,
-                                                const T* sJ, T* A, T* Bf, T (&rx)[Q]) {
+                                                const T* sJ, UOps cJ, T* A, T* Bf, T (&rx)[Q]) {
   constexpr int n3 = N * N * N;
   __syncthreads();  // earlier readers of A/Bf are done
   for (int t = a + Q * b; t < n3; t += Q * Q) A[t] = active ? ue[t] : T(0);
@@ -348,21 +448,21 @@ __device__ __forceinline__ void forward_element(const T* __restrict__ ue, bool a
   for (int c = 0; c < Q; ++c) {
     T s = 0;
 #pragma unroll
-    for (int k = 0; k < N; ++k) s += sJ[c * N + k] * r[k];
+    for (int k = 0; k < N; ++k) s += cJ[c * N + k] * r[k];
     rx[c] = s;
   }
 }
 
 // Transposed interpolation of the Q-columns rv of an element back to N³, written to we.
-template <int N, int Q, typename T>
+template <int N, int Q, typename T, typename UOps>
 __device__ __forceinline__ void back_element(T* __restrict__ we, bool active, int a, int b,
-                                             const T* sJ, T* A, T* Bf, const T (&rv)[Q]) {
+                                             const T* sJ, UOps cJ, T* A, T* Bf, const T (&rv)[Q]) {
   T ry[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     T s = 0;
 #pragma unroll
-    for (int c = 0; c < Q; ++c) s += sJ[c * N + k] * rv[c];
+    for (int c = 0; c < Q; ++c) s += cJ[c * N + k] * rv[c];
     ry[k] = s;
   }
   __syncthreads();  // earlier readers of Bf are done
@@ -406,7 +506,7 @@ __host__ __device__ constexpr int stiffness_region() {
   return 3 * Q * Q * Q > mass_region<N, Q>() ? 3 * Q * Q * Q : mass_region<N, Q>();
 }
 
-template <int N, int Q, typename T, int MINB>
+template <int N, int Q, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                     const T* __restrict__ B, T* __restrict__ w) {
@@ -422,15 +522,21 @@ mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restri
   const int64_t ee = active ? e : 0;
   for (int c = 0; c < C; ++c) {
     T rx[Q];
-    forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+    if constexpr ((OPT & OPT_CONST) != 0)
+      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
+    else
+      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
     const T* Bq = B + ee * q3 + b * Q + a;
 #pragma unroll
     for (int k = 0; k < Q; ++k) rx[k] *= active ? Bq[k * q2] : T(0);
-    back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+    if constexpr ((OPT & OPT_CONST) != 0)
+      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
+    else
+      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
   }
 }
 
-template <int N, int Q, typename T, int MINB>
+template <int N, int Q, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
                          const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
@@ -458,13 +564,24 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
   const int64_t gstride = E * q3;
   for (int c = 0; c < C; ++c) {
     T rx[Q], rw[Q];
-    forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rx);
+    if constexpr ((OPT & OPT_CONST) != 0)
+      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
+    else
+      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
     __syncthreads();  // forward's reads of Bf done before X overwrites the region
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
-    collocated_stage<Q, T>(X, rx, sD, sDt, G + ee * q3 + b * Q + a, gstride, active, a, b, GR, GS, rw);
-    back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, A, Bf, rw);
+    const T* g = G + ee * q3 + b * Q + a;
+    if constexpr ((OPT & OPT_CONST) != 0) {
+      collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, g, gstride, active, a, b,
+                                   GR, GS, rw);
+      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rw);
+    } else {
+      collocated_stage<Q, T, OPT>(X, rx, sD, sDt, static_cast<const T*>(sD), g, gstride, active, a, b, GR, GS,
+                                    rw);
+      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rw);
+    }
   }
 }
 
@@ -481,61 +598,80 @@ void allow_smem(K kernel, size_t bytes) {
   if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
+// Variants 2-7 of the whole-element kernels: MINB (0: ptxas' own register choice; 2: capped for
+// two blocks per multiprocessor) and OPT (collocated_stage) as template arguments.
+//   2: (0, -)  3: (2, -)  4: (0, all)  5: (2, all)  6: (0, CONST)  7: (2, CONST)
+constexpr int OPT_ALL = OPT_CONST | OPT_ROWS | OPT_PREFETCH;
+
+template <int MINB, int OPT, typename F>
+void by_variant(F&& launch) {
+  launch(std::integral_constant<int, MINB>{}, std::integral_constant<int, OPT>{});
+}
+
+template <typename F>
+void element_variant(int variant, F&& launch) {
+  switch (variant) {
+    case 3: by_variant<2, 0>(launch); break;
+    case 4: by_variant<0, OPT_ALL>(launch); break;
+    case 5: by_variant<2, OPT_ALL>(launch); break;
+    case 6: by_variant<0, OPT_CONST>(launch); break;
+    case 7: by_variant<2, OPT_CONST>(launch); break;
+    default: by_variant<0, 0>(launch); break;
+  }
+}
+
 template <int N, typename T>
 void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T* G, T* w) {
+  constexpr int EB = elements_per_block<N>();
+  dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 1) {
-    constexpr int EB = elements_per_block<N>();
-    dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
     bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
     return;
   }
-  constexpr int EB = elements_per_block<N>();
+  if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
   const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
-  dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant == 3) {  // registers capped for two blocks per multiprocessor
-    allow_smem(bk5_element_kernel<N, T, 2>, smem);
-    bk5_element_kernel<N, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
-    return;
-  }
-  allow_smem(bk5_element_kernel<N, T, 0>, smem);
-  bk5_element_kernel<N, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+  element_variant(variant, [&](auto minb, auto opt) {
+    auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+  });
 }
 
 template <int N, typename T>
 void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const T* B, T* w) {
   constexpr int Q = N + 1;
+  constexpr int EB = elements_per_block<Q>();
+  dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 1) {
-    constexpr int EB = elements_per_block<Q>();
-    dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
     mass_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, B, w);
     return;
   }
-  constexpr int EB = elements_per_block<Q>();
+  if (variant >= 4) copy_ops(J, Q * N, ops_offset(N), L.stream);
   const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
-  dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant == 3) {
-    allow_smem(mass_element_kernel<N, Q, T, 2>, smem);
-    mass_element_kernel<N, Q, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
-    return;
-  }
-  allow_smem(mass_element_kernel<N, Q, T, 0>, smem);
-  mass_element_kernel<N, Q, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+  element_variant(variant, [&](auto minb, auto opt) {
+    // only OPT_CONST applies to the mass (no collocated stage): 4 ≡ 6 and 5 ≡ 7
+    auto kernel = mass_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value & OPT_CONST>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+  });
 }
 
 template <int N, typename T>
 void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, const T* Dq, const T* G,
                       T* w) {
-  constexpr int Q = N + 1;  // variants 2 and 3 only (cuda_kernels.py rejects 1)
+  constexpr int Q = N + 1;  // variants 2-5 only (cuda_kernels.py rejects 1)
   constexpr int EB = elements_per_block<Q>();
-  const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant == 3) {
-    allow_smem(stiffness_element_kernel<N, Q, T, 2>, smem);
-    stiffness_element_kernel<N, Q, T, 2><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
-    return;
+  if (variant >= 4) {
+    copy_ops(J, Q * N, ops_offset(N), L.stream);
+    copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
   }
-  allow_smem(stiffness_element_kernel<N, Q, T, 0>, smem);
-  stiffness_element_kernel<N, Q, T, 0><<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+  const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
+  element_variant(variant, [&](auto minb, auto opt) {
+    auto kernel = stiffness_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+  });
 }
 
 #define JAXSEM_SWITCH_N(n, CALL)                                                 \
@@ -622,10 +758,6 @@ ffi::Error stiffness_typed(cudaStream_t st, int variant, const Shape& s, const f
 #undef CALL
   return finish();
 }
-
-#ifndef JAXSEM_REAL
-#define JAXSEM_REAL double
-#endif
 
 constexpr ffi::DataType real_type() {
   return sizeof(JAXSEM_REAL) == 8 ? ffi::DataType::F64 : ffi::DataType::F32;
