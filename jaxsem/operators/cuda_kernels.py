@@ -177,25 +177,33 @@ def cuda_supported(u, J=None) -> bool:
 # per stage; 3: as 2 with registers capped for two blocks per multiprocessor; 4/5: as 2/3 with the
 # operator matrices' uniform reads from constant memory, D rows in registers (n ≤ 10) and G
 # prefetched a slice ahead; 6/7: as 2/3 with constant memory only (csrc/sem_kernels.cu). The mass
-# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there.
-VARIANTS = (1, 2, 3, 4, 5, 6, 7)
+# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there. 8 (Gauss kernels only): the interpolations by lines,
+# one thread per line of the direction being contracted, shared memory only to transpose between
+# the stages (the stiffness's collocated stage as in 6); 9: as 8 with registers capped for three
+# blocks per multiprocessor.
+VARIANTS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+_ALLOWED = {"bk5": VARIANTS[:7], "mass": VARIANTS, "stiffness": VARIANTS[1:]}
 
 
 # Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
 # experiments/results/cuda_kernels_v{2,3}_h100.json; 4-7 from cuda_variants_orders_h100.json (one
-# sweep of 2-7 at p = 3…15, BK5/BK1/BK3), taken only where they beat the former default by > 5%
-# (two identical kernels, mass 4 ≡ 6, differed by up to 7% at p = 3 and ≤ 4% elsewhere).
+# sweep of 2-7 at p = 3…15, BK5/BK1/BK3); 8/9 (the Gauss kernels by lines) from
+# cuda_lines_h100.json (the defaults then against 8 and 9, p = 1…15). A new variant is taken only
+# where it beat the former default by > 5% (two identical kernels, mass 4 ≡ 6, differed by up to 7%
+# at p = 3 and ≤ 4% elsewhere).
 _VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 9): 6, ("bk5", 11): 4, ("bk5", 12): 6,
             ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
-            ("mass", 4): 4, ("mass", 5): 4, ("mass", 6): 4, ("mass", 8): 5, ("mass", 9): 3, ("mass", 10): 4,
-            ("mass", 12): 3, ("mass", 13): 4, ("mass", 14): 4, ("mass", 15): 5, ("mass", 16): 5,
-            ("stiffness", 4): 6, ("stiffness", 6): 6, ("stiffness", 7): 6, ("stiffness", 8): 5,
-            ("stiffness", 10): 7, ("stiffness", 12): 7, ("stiffness", 13): 3, ("stiffness", 15): 3}
+            ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 9, ("mass", 7): 9,
+            ("mass", 8): 9, ("mass", 9): 9, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
+            ("mass", 13): 9, ("mass", 14): 8, ("mass", 15): 8, ("mass", 16): 9,
+            ("stiffness", 4): 8, ("stiffness", 5): 9, ("stiffness", 6): 9, ("stiffness", 7): 9,
+            ("stiffness", 8): 8, ("stiffness", 9): 9, ("stiffness", 10): 7, ("stiffness", 11): 8,
+            ("stiffness", 12): 8, ("stiffness", 13): 8, ("stiffness", 15): 3}
 
-# Where the vector forms (BK2/BK4/BK6: 3 components in one launch) want another variant: measured at
-# p = 7 only (cuda_variants_p7_h100.json: BK6 36.4 GDOF/s with 4 against 28.4 with 2, BK2 35.4
-# against 31.2).
-_VARIANT_VECTOR = {("bk5", 8): 4, ("mass", 8): 4}
+# Where the vector forms (BK2/BK4/BK6: 3 components in one launch) want another variant
+# (cuda_variants_p7_h100.json: BK6 p = 7 36.4 GDOF/s with 4 against 28.4 with 2;
+# cuda_lines_h100.json: BK2 p = 5 50.8 with 8 against 46.6 with 9).
+_VARIANT_VECTOR = {("bk5", 8): 4, ("mass", 6): 8}
 
 
 def default_variant(op: str, n: int, components: int = 1) -> int:
@@ -252,7 +260,7 @@ def _variant(variant, op, u):
     n = u.shape[-1] if u.ndim else 0
     if variant is None:
         return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
-    allowed = VARIANTS[1:] if op == "stiffness" else VARIANTS  # BK3/BK4 have no slice kernel
+    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); BK5/BK6: no lines kernels (8, 9)
     if variant not in allowed:
         raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
     return int(variant)

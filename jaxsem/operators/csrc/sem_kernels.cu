@@ -585,6 +585,197 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
   }
 }
 
+// ================================================================ mass by lines (variant 8)
+// The element kernels above contract two of the three directions through shared memory: every
+// output point reads a whole row of its input from shared memory (N or Q loads per point and
+// direction), which keeps the L1/shared pipe at 73-87% of its peak on an H100 (ncu). Here each
+// thread owns a whole line of the direction being contracted, so every contraction runs in
+// registers with J as constant-memory operands, and shared memory only transposes between the
+// stages: each value is stored once and loaded once (4 transposes plus staging u in and w out,
+// against 2·(N + Q) loads per point). Rows are padded to odd lengths, so a warp's threads reading
+// their own lines hit distinct banks.
+//   phase 1  (j, k) owns u[k][j][:]   -> X1[k][j][a]   (N² threads)
+//   phase 2  (a, k) owns X1[k][:][a]  -> X2[k][b][a]   (QN)
+//   phase 3  (a, b) owns X2[:][b][a]  -> V = B·X3, Y2[k][b][a] = Σ_c J[c][k] V[c][b][a]   (Q²)
+//   phase 2' (a, k) owns Y2[k][:][a]  -> Y1[k][j][a]   (QN)
+//   phase 1' (j, k) owns Y1[k][j][:]  -> w[k][j][i]    (N²)
+__host__ __device__ constexpr int odd_len(int x) { return x | 1; }
+
+template <int N, int Q>
+__host__ __device__ constexpr int lines_a_words() {  // u staged, X2, Y1
+  constexpr int RN = odd_len(N), RQ = odd_len(Q);
+  constexpr int w1 = N * N * RN, w2 = Q * Q * RN, w3 = N * N * RQ;
+  return w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
+}
+
+template <int N, int Q>
+__host__ __device__ constexpr int lines_b_words() {  // X1, Y2, w staged
+  constexpr int RN = odd_len(N), RQ = odd_len(Q);
+  constexpr int w1 = N * Q * RN, w2 = N * Q * RQ, w3 = N * N * RN;
+  return w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
+}
+
+// out[r] = Σ_s J[r][s] in[s] (J: R×S, row-major in constant memory at OFF)
+template <int R, int S, int OFF>
+__device__ __forceinline__ void cmul(const JAXSEM_REAL (&in)[S], JAXSEM_REAL (&out)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    JAXSEM_REAL acc = 0;
+#pragma unroll
+    for (int q = 0; q < S; ++q) acc += c_ops[OFF + r * S + q] * in[q];
+    out[r] = acc;
+  }
+}
+
+// out[s] = Σ_r J[r][s] in[r]
+template <int R, int S, int OFF>
+__device__ __forceinline__ void cmul_t(const JAXSEM_REAL (&in)[R], JAXSEM_REAL (&out)[S]) {
+#pragma unroll
+  for (int q = 0; q < S; ++q) {
+    JAXSEM_REAL acc = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc += c_ops[OFF + r * S + q] * in[r];
+    out[q] = acc;
+  }
+}
+
+// Forward interpolation by lines: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a] for thread
+// t = a + Q·b of the Q² threads of an element (phases 1-3 above). A: lines_a_words, S:
+// lines_b_words of this element's shared memory. Barriers inside; on return A and S are free.
+template <int N, int Q>
+__device__ __forceinline__ void lines_forward(const JAXSEM_REAL* __restrict__ ue, bool active, int t,
+                                              JAXSEM_REAL* A, JAXSEM_REAL* S, JAXSEM_REAL (&rx)[Q]) {
+  using T = JAXSEM_REAL;
+  constexpr int RN = odd_len(N), OFF = ops_offset(N), NT = Q * Q, n3 = N * N * N;
+  __syncthreads();  // earlier readers of A and S are done
+  for (int x = t; x < n3; x += NT) A[(x / N) * RN + x % N] = active ? ue[x] : T(0);
+  __syncthreads();
+  if (t < N * N) {  // phase 1: thread (j, k) = (t % N, t / N)
+    const int j = t % N, k = t / N;
+    T in[N], out[Q];
+#pragma unroll
+    for (int i = 0; i < N; ++i) in[i] = A[t * RN + i];
+    cmul<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int a = 0; a < Q; ++a) S[(k * Q + a) * RN + j] = out[a];
+  }
+  __syncthreads();
+  if (t < Q * N) {  // phase 2: thread (a, k) = (t % Q, t / Q)
+    const int a = t % Q, k = t / Q;
+    T in[N], out[Q];
+#pragma unroll
+    for (int j = 0; j < N; ++j) in[j] = S[(k * Q + a) * RN + j];
+    cmul<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int b = 0; b < Q; ++b) A[(b * Q + a) * RN + k] = out[b];
+  }
+  __syncthreads();
+  T in[N];  // phase 3: thread (a, b) = (t % Q, t / Q)
+#pragma unroll
+  for (int k = 0; k < N; ++k) in[k] = A[t * RN + k];
+  cmul<Q, N, OFF>(in, rx);
+}
+
+// Transposed interpolation by lines: thread t = a + Q·b holds rv[c] at (c, b, a); writes
+// we = Jᵀ⊗Jᵀ⊗Jᵀ rv (N³). Barriers inside (the first one before it writes S).
+template <int N, int Q>
+__device__ __forceinline__ void lines_back(JAXSEM_REAL* __restrict__ we, bool active, int t, JAXSEM_REAL* A,
+                                           JAXSEM_REAL* S, const JAXSEM_REAL (&rv)[Q]) {
+  using T = JAXSEM_REAL;
+  constexpr int RN = odd_len(N), RQ = odd_len(Q), OFF = ops_offset(N), NT = Q * Q, n3 = N * N * N;
+  const int a = t % Q, b = t / Q;
+  T y[N];
+  cmul_t<Q, N, OFF>(rv, y);  // phase 3': Y2[k][b][a]
+  __syncthreads();           // earlier readers of S are done
+#pragma unroll
+  for (int k = 0; k < N; ++k) S[(k * Q + a) * RQ + b] = y[k];
+  __syncthreads();
+  if (t < Q * N) {  // phase 2': thread (a, k) = (t % Q, t / Q)
+    const int a2 = t % Q, k = t / Q;
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = S[(k * Q + a2) * RQ + q];
+    cmul_t<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int j = 0; j < N; ++j) A[(k * N + j) * RQ + a2] = out[j];
+  }
+  __syncthreads();
+  if (t < N * N) {  // phase 1': thread (j, k) = (t % N, t / N)
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = A[t * RQ + q];
+    cmul_t<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int i = 0; i < N; ++i) S[t * RN + i] = out[i];
+  }
+  __syncthreads();
+  if (active)
+    for (int x = t; x < n3; x += NT) we[x] = S[(x / N) * RN + x % N];
+}
+
+template <int N, int Q, int MINB>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
+mass_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ B,
+                  JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int n3 = N * N * N, q3 = Q * Q * Q;
+  const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
+  T* A = reinterpret_cast<T*>(jaxsem_smem) + z * (lines_a_words<N, Q>() + lines_b_words<N, Q>());
+  T* S = A + lines_a_words<N, Q>();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  for (int c = 0; c < C; ++c) {
+    T x[Q];
+    lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, x);
+    const T* Bq = B + ee * q3 + t;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) x[q] *= active ? Bq[q * Q * Q] : T(0);
+    lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, x);
+  }
+}
+
+// BK3/BK4 with the interpolations by lines around the collocated stage (OPT_CONST).
+template <int N, int Q, int MINB>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
+stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Dq,
+                       const JAXSEM_REAL* __restrict__ G, JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
+  constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+  constexpr int region = 3 * Q * Q * Q > lines ? 3 * Q * Q * Q : lines;
+  T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*Q + b] = Dq[a][b]
+  T* sDt = sD + Q * Q;                        // sDt[b*Q + a] = Dq[a][b]
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z, t = a + Q * b;
+  T* R = sDt + Q * Q + z * region;
+  T* A = R;
+  T* S = R + lines_a_words<N, Q>();
+  T* X = R;
+  T* GR = R + q3;
+  T* GS = R + 2 * q3;
+  for (int x = t + Q * Q * z; x < Q * Q; x += Q * Q * EB) {
+    sD[x] = Dq[x];
+    sDt[(x % Q) * Q + x / Q] = Dq[x];
+  }
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  const int64_t gstride = E * q3;
+  for (int c = 0; c < C; ++c) {
+    T rx[Q], rw[Q];
+    lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, rx);
+    __syncthreads();  // phase 3's reads of A done before X overwrites the region
+#pragma unroll
+    for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
+    __syncthreads();
+    collocated_stage<Q, T, OPT_CONST>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, G + ee * q3 + t, gstride,
+                                      active, a, b, GR, GS, rw);
+    lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
+  }
+}
+
 // ------------------------------------------------------------------------- dispatch
 template <typename T>
 struct Launch {
@@ -647,6 +838,13 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
     return;
   }
   if (variant >= 4) copy_ops(J, Q * N, ops_offset(N), L.stream);
+  if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
+    const size_t smem = sizeof(T) * EB * (lines_a_words<N, Q>() + lines_b_words<N, Q>());
+    auto kernel = variant == 9 ? mass_lines_kernel<N, Q, 3> : mass_lines_kernel<N, Q, 0>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, B, w);
+    return;
+  }
   const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
   element_variant(variant, [&](auto minb, auto opt) {
     // only OPT_CONST applies to the mass (no collocated stage): 4 ≡ 6 and 5 ≡ 7
@@ -665,6 +863,15 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
   if (variant >= 4) {
     copy_ops(J, Q * N, ops_offset(N), L.stream);
     copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
+  }
+  if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
+    constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+    constexpr int region = 3 * Q * Q * Q > lines ? 3 * Q * Q * Q : lines;
+    const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
+    auto kernel = variant == 9 ? stiffness_lines_kernel<N, Q, 3> : stiffness_lines_kernel<N, Q, 0>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, Dq, G, w);
+    return;
   }
   const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
   element_variant(variant, [&](auto minb, auto opt) {
