@@ -54,7 +54,7 @@ def inputs(key, E, order, op, components, dtype):
 def apply(op, impl, u, J, Dt, data):
     """``impl``: einsum, pallas, cuda (default variant) or cuda1 … cuda9 (that variant)."""
     if impl in tuple(f"cuda{v}" for v in ck.VARIANTS):
-        v = int(impl[-1])
+        v = int(impl[4:])
         if op == "mass":
             return ck.mass_cuda(u, J, data, variant=v)
         if op == "gll":

@@ -177,12 +177,13 @@ def cuda_supported(u, J=None) -> bool:
 # per stage; 3: as 2 with registers capped for two blocks per multiprocessor; 4/5: as 2/3 with the
 # operator matrices' uniform reads from constant memory, D rows in registers (n ≤ 10) and G
 # prefetched a slice ahead; 6/7: as 2/3 with constant memory only (csrc/sem_kernels.cu). The mass
-# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there. 8 (Gauss kernels only): the interpolations by lines,
-# one thread per line of the direction being contracted, shared memory only to transpose between
-# the stages (the stiffness's collocated stage as in 6); 9: as 8 with registers capped for three
-# blocks per multiprocessor.
-VARIANTS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
-_ALLOWED = {"bk5": VARIANTS[:7], "mass": VARIANTS, "stiffness": VARIANTS[1:]}
+# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there. 8 "by lines": one thread per line of the direction
+# being contracted, operator matrices as constant-memory operands, shared memory only to hand values
+# between line owners (mass: the interpolations; BK3/BK4: the interpolations, with the collocated
+# stage as in 6; BK5/BK6: the collocated stage); 9: as 8 with registers capped for three blocks per
+# multiprocessor. 10/11 (BK3/BK4): interpolations and collocated stage by lines.
+VARIANTS = tuple(range(1, 12))
+_ALLOWED = {"bk5": VARIANTS[:9], "mass": VARIANTS[:9], "stiffness": VARIANTS[1:]}
 
 
 # Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
@@ -260,7 +261,7 @@ def _variant(variant, op, u):
     n = u.shape[-1] if u.ndim else 0
     if variant is None:
         return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
-    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); BK5/BK6: no lines kernels (8, 9)
+    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); 10/11 are BK3/BK4's only
     if variant not in allowed:
         raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
     return int(variant)

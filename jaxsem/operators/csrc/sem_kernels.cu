@@ -776,6 +776,149 @@ stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, cons
   }
 }
 
+// ===================================================== collocated stage by lines (BK5 8/9, BK3 10/11)
+// The collocated stage with every contraction in registers: thread t = a + M·b owns the k-line
+// (a, b) and, while the i- and j-derivatives are taken, also the i-line (t % M, t / M) = (b', k)
+// and the j-line (a', k); shared memory only carries values between owners (each value stored
+// once and loaded once per hand-over: 15 M³ words per element against (4M + 4) M³ for
+// collocated_stage), D as constant-memory operands at OFFD. P0…P3: four buffers of
+// coll_words<M>() words; on entry P0 holds x as [k][b][a] (rows of odd length, coll_index) and a
+// barrier has passed; x[] is thread t's k-line. On return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)(k, b, a).
+template <int M>
+__host__ __device__ constexpr int coll_words() { return M * M * odd_len(M); }
+
+template <int M>
+__device__ __forceinline__ int coll_index(int k, int b, int a) { return (k * M + b) * odd_len(M) + a; }
+
+template <int M, int OFFD>
+__device__ __forceinline__ void collocated_lines(const JAXSEM_REAL (&x)[M], const JAXSEM_REAL* __restrict__ g,
+                                                 int64_t gstride, bool active, int t, JAXSEM_REAL* P0,
+                                                 JAXSEM_REAL* P1, JAXSEM_REAL* P2, JAXSEM_REAL* P3,
+                                                 JAXSEM_REAL (&rw)[M]) {
+  using T = JAXSEM_REAL;
+  constexpr int m2 = M * M;
+  const int p = t % M, q = t / M;  // i-line (b, k) = (p, q); j-line (a, k) = (p, q); k-line (a, b) = (p, q)
+  {
+    T in[M], out[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, p, m)];
+    cmul<M, M, OFFD>(in, out);  // ur[k][b][a] = Σ_m D[a][m] x[k][b][m]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P1[coll_index<M>(q, p, m)] = out[m];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, m, p)];
+    cmul<M, M, OFFD>(in, out);  // us[k][b][a] = Σ_m D[b][m] x[k][m][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P2[coll_index<M>(q, m, p)] = out[m];
+  }
+  __syncthreads();
+  T gt[M];
+  cmul<M, M, OFFD>(x, gt);  // ut, then the t-row of G·(ur, us, ut)
+#pragma unroll
+  for (int k = 0; k < M; ++k) {
+    const T ur = P1[coll_index<M>(k, q, p)], us = P2[coll_index<M>(k, q, p)], ut = gt[k];
+    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+    if (active) {
+      const T* gk = g + k * m2;
+      g0 = gk[0];
+      g1 = gk[gstride];
+      g2 = gk[2 * gstride];
+      g3 = gk[3 * gstride];
+      g4 = gk[4 * gstride];
+      g5 = gk[5 * gstride];
+    }
+    P0[coll_index<M>(k, q, p)] = g0 * ur + g1 * us + g2 * ut;  // x's readers passed the barrier
+    P3[coll_index<M>(k, q, p)] = g1 * ur + g3 * us + g4 * ut;
+    gt[k] = g2 * ur + g4 * us + g5 * ut;
+  }
+  cmul_t<M, M, OFFD>(gt, rw);  // Σ_k D[k][m] gt[k]
+  __syncthreads();
+  {
+    T in[M], out[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, p, m)];
+    cmul_t<M, M, OFFD>(in, out);  // Σ_a D[a][i] gr[k][b][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P1[coll_index<M>(q, p, m)] = out[m];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P3[coll_index<M>(q, m, p)];
+    cmul_t<M, M, OFFD>(in, out);  // Σ_b D[b][j] gs[k][b][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P2[coll_index<M>(q, m, p)] = out[m];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < M; ++k) rw[k] += P1[coll_index<M>(k, q, p)] + P2[coll_index<M>(k, q, p)];
+}
+
+template <int N, int MINB>
+__global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
+bk5_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ G,
+                 JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int EB = elements_per_block<N>();
+  constexpr int n2 = N * N, n3 = N * N * N;
+  const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z, t = i + N * j;
+  T* P0 = reinterpret_cast<T*>(jaxsem_smem) + z * 4 * coll_words<N>();
+  T* P1 = P0 + coll_words<N>();
+  T* P2 = P1 + coll_words<N>();
+  T* P3 = P2 + coll_words<N>();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t stride = E * n3;
+  const int64_t base = (active ? e : 0) * n3 + t;
+  for (int c = 0; c < C; ++c) {
+    T x[N], rw[N];
+    const T* uc = u + c * stride + base;
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = active ? uc[k * n2] : T(0);
+    __syncthreads();  // the previous component's readers of P0…P3 are done
+#pragma unroll
+    for (int k = 0; k < N; ++k) P0[coll_index<N>(k, j, i)] = x[k];
+    __syncthreads();
+    collocated_lines<N, ops_offset(N)>(x, G + base, stride, active, t, P0, P1, P2, P3, rw);
+    if (active) {
+      T* wc = w + c * stride + base;
+#pragma unroll
+      for (int k = 0; k < N; ++k) wc[k * n2] = rw[k];
+    }
+  }
+}
+
+// BK3/BK4 all by lines: interpolation (lines_forward/back) and the collocated stage.
+template <int N, int Q, int MINB>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
+stiffness_all_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ G,
+                           JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
+  constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+  constexpr int region = 4 * coll_words<Q>() > lines ? 4 * coll_words<Q>() : lines;
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z, t = a + Q * b;
+  T* R = reinterpret_cast<T*>(jaxsem_smem) + z * region;
+  T* A = R;
+  T* S = R + lines_a_words<N, Q>();
+  T* P0 = R;
+  T* P1 = P0 + coll_words<Q>();
+  T* P2 = P1 + coll_words<Q>();
+  T* P3 = P2 + coll_words<Q>();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  const int64_t gstride = E * q3;
+  for (int c = 0; c < C; ++c) {
+    T rx[Q], rw[Q];
+    lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, rx);
+    __syncthreads();  // phase 3's reads of A done before P0 overwrites the region
+#pragma unroll
+    for (int k = 0; k < Q; ++k) P0[coll_index<Q>(k, b, a)] = rx[k];
+    __syncthreads();
+    collocated_lines<Q, ops_offset(N) + Q * N>(rx, G + ee * q3 + t, gstride, active, t, P0, P1, P2, P3, rw);
+    lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
+  }
+}
+
 // ------------------------------------------------------------------------- dispatch
 template <typename T>
 struct Launch {
@@ -820,6 +963,13 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     return;
   }
   if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
+  if (variant >= 8) {  // collocated stage by lines; 9: registers capped for three blocks
+    const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
+    auto kernel = variant == 9 ? bk5_lines_kernel<N, 3> : bk5_lines_kernel<N, 0>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
+    return;
+  }
   const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
   element_variant(variant, [&](auto minb, auto opt) {
     auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
@@ -863,6 +1013,15 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
   if (variant >= 4) {
     copy_ops(J, Q * N, ops_offset(N), L.stream);
     copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
+  }
+  if (variant >= 10) {  // all by lines; 11: registers capped for three blocks per multiprocessor
+    constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+    constexpr int region = 4 * coll_words<Q>() > lines ? 4 * coll_words<Q>() : lines;
+    const size_t smem = sizeof(T) * EB * region;
+    auto kernel = variant == 11 ? stiffness_all_lines_kernel<N, Q, 3> : stiffness_all_lines_kernel<N, Q, 0>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
+    return;
   }
   if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
     constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
