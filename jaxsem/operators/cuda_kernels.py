@@ -180,19 +180,20 @@ def cuda_supported(u, J=None) -> bool:
 # has no collocated stage: 4 ≡ 6, 5 ≡ 7 there. 8 "by lines": one thread per line of the direction
 # being contracted, operator matrices as constant-memory operands, shared memory only to hand values
 # between line owners (mass: the interpolations; BK3/BK4: the interpolations, with the collocated
-# stage as in 6; BK5/BK6: the collocated stage); 9: as 8 with registers capped for three blocks per
-# multiprocessor. 10/11 (BK3/BK4): interpolations and collocated stage by lines.
-VARIANTS = tuple(range(1, 12))
-_ALLOWED = {"bk5": VARIANTS[:9], "mass": VARIANTS[:9], "stiffness": VARIANTS[1:]}
+# stage as in 6; BK5/BK6: the collocated stage); 9 (Gauss kernels): as 8 with registers capped for
+# three blocks per multiprocessor.
+VARIANTS = tuple(range(1, 10))
+_ALLOWED = {"bk5": VARIANTS[:8], "mass": VARIANTS, "stiffness": VARIANTS[1:]}
 
 
 # Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
 # experiments/results/cuda_kernels_v{2,3}_h100.json; 4-7 from cuda_variants_orders_h100.json (one
 # sweep of 2-7 at p = 3…15, BK5/BK1/BK3); 8/9 (the Gauss kernels by lines) from
-# cuda_lines_h100.json (the defaults then against 8 and 9, p = 1…15). A new variant is taken only
+# cuda_lines_h100.json (the defaults then against 8 and 9, p = 1…15); BK5 8 from
+# cuda_coll_lines_h100.json. A new variant is taken only
 # where it beat the former default by > 5% (two identical kernels, mass 4 ≡ 6, differed by up to 7%
 # at p = 3 and ≤ 4% elsewhere).
-_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 9): 6, ("bk5", 11): 4, ("bk5", 12): 6,
+_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 9): 6, ("bk5", 10): 8, ("bk5", 11): 4, ("bk5", 12): 6,
             ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
             ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 9, ("mass", 7): 9,
             ("mass", 8): 9, ("mass", 9): 9, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
@@ -261,7 +262,7 @@ def _variant(variant, op, u):
     n = u.shape[-1] if u.ndim else 0
     if variant is None:
         return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
-    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); 10/11 are BK3/BK4's only
+    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); BK5/BK6: no 9
     if variant not in allowed:
         raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
     return int(variant)

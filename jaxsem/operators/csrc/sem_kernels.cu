@@ -776,12 +776,15 @@ stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, cons
   }
 }
 
-// ===================================================== collocated stage by lines (BK5 8/9, BK3 10/11)
+// ============================================================== collocated stage by lines (BK5 8)
 // The collocated stage with every contraction in registers: thread t = a + M·b owns the k-line
 // (a, b) and, while the i- and j-derivatives are taken, also the i-line (t % M, t / M) = (b', k)
 // and the j-line (a', k); shared memory only carries values between owners (each value stored
 // once and loaded once per hand-over: 15 M³ words per element against (4M + 4) M³ for
-// collocated_stage), D as constant-memory operands at OFFD. P0…P3: four buffers of
+// collocated_stage), D as constant-memory operands at OFFD. Four barriers instead of one, and more
+// registers: on an H100 it beat collocated_stage for BK5 only at p = 6 and 9, and BK3 with it
+// (interpolations and collocated stage all by lines) never beat variant 8 — that kernel was
+// removed (measured: experiments/results/cuda_coll_lines_h100.json, code at commit bb73224). P0…P3: four buffers of
 // coll_words<M>() words; on entry P0 holds x as [k][b][a] (rows of odd length, coll_index) and a
 // barrier has passed; x[] is thread t's k-line. On return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)(k, b, a).
 template <int M>
@@ -885,40 +888,6 @@ bk5_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXS
   }
 }
 
-// BK3/BK4 all by lines: interpolation (lines_forward/back) and the collocated stage.
-template <int N, int Q, int MINB>
-__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-stiffness_all_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ G,
-                           JAXSEM_REAL* __restrict__ w) {
-  using T = JAXSEM_REAL;
-  constexpr int EB = elements_per_block<Q>();
-  constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
-  constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
-  constexpr int region = 4 * coll_words<Q>() > lines ? 4 * coll_words<Q>() : lines;
-  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z, t = a + Q * b;
-  T* R = reinterpret_cast<T*>(jaxsem_smem) + z * region;
-  T* A = R;
-  T* S = R + lines_a_words<N, Q>();
-  T* P0 = R;
-  T* P1 = P0 + coll_words<Q>();
-  T* P2 = P1 + coll_words<Q>();
-  T* P3 = P2 + coll_words<Q>();
-  const int64_t e = int64_t(blockIdx.x) * EB + z;
-  const bool active = e < E;
-  const int64_t ee = active ? e : 0;
-  const int64_t gstride = E * q3;
-  for (int c = 0; c < C; ++c) {
-    T rx[Q], rw[Q];
-    lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, rx);
-    __syncthreads();  // phase 3's reads of A done before P0 overwrites the region
-#pragma unroll
-    for (int k = 0; k < Q; ++k) P0[coll_index<Q>(k, b, a)] = rx[k];
-    __syncthreads();
-    collocated_lines<Q, ops_offset(N) + Q * N>(rx, G + ee * q3 + t, gstride, active, t, P0, P1, P2, P3, rw);
-    lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
-  }
-}
-
 // ------------------------------------------------------------------------- dispatch
 template <typename T>
 struct Launch {
@@ -963,9 +932,9 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     return;
   }
   if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
-  if (variant >= 8) {  // collocated stage by lines; 9: registers capped for three blocks
+  if (variant == 8) {  // collocated stage by lines
     const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
-    auto kernel = variant == 9 ? bk5_lines_kernel<N, 3> : bk5_lines_kernel<N, 0>;
+    auto kernel = bk5_lines_kernel<N, 0>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
     return;
@@ -1013,15 +982,6 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
   if (variant >= 4) {
     copy_ops(J, Q * N, ops_offset(N), L.stream);
     copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
-  }
-  if (variant >= 10) {  // all by lines; 11: registers capped for three blocks per multiprocessor
-    constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
-    constexpr int region = 4 * coll_words<Q>() > lines ? 4 * coll_words<Q>() : lines;
-    const size_t smem = sizeof(T) * EB * region;
-    auto kernel = variant == 11 ? stiffness_all_lines_kernel<N, Q, 3> : stiffness_all_lines_kernel<N, Q, 0>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
-    return;
   }
   if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
     constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
