@@ -60,15 +60,15 @@ def _is_zero(h):
     return isinstance(h, (int, float)) and h == 0
 
 
-def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
+def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "auto") -> Callable:
     """Element operator u ↦ h₁A_e u + h₂B_e u (no assembly) for ``u: (..., E, n, n, n)``.
 
     ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``.
-    ``impl``: the element kernels' implementation (``"einsum"``, ``"fused"``/``"pallas"``,
-    ``"auto"``: fused on a GPU where supported; :mod:`jaxsem.operators.fused`): the
-    collocated stiffness (BP5/6) and, on Gauss points, stiffness and mass (BP1–4).
-    The fused kernels differentiate through the einsum reference (first and
-    forward-mode derivatives; :mod:`jaxsem.operators.fused`).
+    ``impl``: the element kernels' implementation (``"auto"``, the default: the CUDA kernels
+    on a GPU where they build, einsum otherwise; ``"einsum"``, ``"cuda"``, ``"fused"``/``"pallas"``;
+    :func:`jaxsem.operators.fused._resolve`): the collocated stiffness (BP5/6) and, on Gauss
+    points, stiffness and mass (BP1–4). The GPU kernels differentiate through the einsum
+    reference (first and forward-mode derivatives; :mod:`jaxsem.operators.fused`).
     """
     _check_impl(impl)
     g = sem.geom
@@ -93,7 +93,7 @@ def _check_impl(impl):
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
-def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "einsum") -> str:
+def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "auto") -> str:
     """What :func:`local_operator`'s ``impl`` runs here for ``u``'s shape: ``"pallas"`` or
     ``"cuda"`` if any of its element kernels is one of those, else ``"einsum"``."""
     _check_impl(impl)
@@ -105,7 +105,7 @@ def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "einsum") -> str:
     return next((k for k in used if k != "einsum"), "einsum")
 
 
-def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "einsum") -> Callable:
+def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "auto") -> Callable:
     """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u (``impl``: see :func:`local_operator`)."""
     loc = local_operator(sem, h1, h2, impl)
     return lambda u: sem.mask * sem.dssum(loc(u))
@@ -140,7 +140,7 @@ def load(sem: SEM, f):
 
 
 def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
-          method: str = "classic", impl: str = "einsum"):
+          method: str = "classic", impl: str = "auto"):
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
@@ -150,11 +150,12 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       h1, h2: coefficients (scalars or ``(E, q, q, q)`` fields).
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
-      impl: element kernels, as :func:`local_operator`: ``"einsum"`` (default),
-        ``"fused"``, or ``"auto"`` (fused on a GPU; `jaxsem solve` BP5 p = 7 on an H100:
-        6.2 against 3.2 GDOF/s, README). The fused kernels run in every PCG iteration,
-        forward and adjoint; a derivative's one extra operator application (w.r.t.
-        h1, h2, geometry) runs the einsum reference. Second derivatives need "einsum".
+      impl: element kernels, as :func:`local_operator`: ``"auto"`` (default: the CUDA
+        kernels on a GPU where nvcc builds them, einsum otherwise; `jaxsem solve` BP5 p = 7
+        on an H100: 6.0 against 3.2 GDOF/s, README), ``"einsum"``, ``"cuda"`` or
+        ``"fused"``. The GPU kernels run in every PCG iteration, forward and adjoint; a
+        derivative's one extra operator application (w.r.t. h1, h2, geometry) runs the
+        einsum reference. Second derivatives need "einsum".
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
     Differentiable w.r.t. f, h1, h2 and the geometry by one adjoint solve.
     """

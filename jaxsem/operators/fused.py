@@ -817,8 +817,10 @@ def _resolve(impl: str, operator: str, u, J=None) -> str:
     "einsum", "pallas" ("fused" is an alias) or "cuda" (:mod:`.cuda_kernels`).
 
     ``"auto"``: einsum off GPU; on a GPU the CUDA kernel where it builds and runs these
-    shapes, else the Pallas kernel where it supports them (one device: it crashes inside
-    ``shard_map`` on several GPUs), else einsum.
+    shapes, else einsum. The Pallas kernels run only when asked for: the CUDA kernels were
+    as fast or faster at every order measured on an H100 and run inside ``shard_map``, where a
+    Pallas kernel crashed the process on two H200s (``experiments/results/shard_impl_*``), so
+    ``"auto"`` is safe as a library default.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -829,8 +831,7 @@ def _resolve(impl: str, operator: str, u, J=None) -> str:
     gll = operator == "stiffness_gll"
     if cuda_kernels.cuda_supported(u, None if gll else J) and cuda_kernels.cuda_available():
         return "cuda"
-    pallas_ok = fused_supported(u) if gll else gauss_fused_supported(u, J)
-    return "pallas" if pallas_ok else "einsum"
+    return "einsum"
 
 
 def mass_auto(u, J, B, h2=None, impl: str = "auto", **kw):
