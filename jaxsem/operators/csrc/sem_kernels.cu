@@ -736,8 +736,9 @@ mass_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAX
   }
 }
 
-// BK3/BK4 with the interpolations by lines around the collocated stage (OPT_CONST).
-template <int N, int Q, int MINB>
+// BK3/BK4 with the interpolations by lines around the collocated stage (OPT_CONST, or with
+// OPT_ROWS the D rows in registers).
+template <int N, int Q, int MINB, int OPT = OPT_CONST>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Dq,
                        const JAXSEM_REAL* __restrict__ G, JAXSEM_REAL* __restrict__ w) {
@@ -770,8 +771,8 @@ stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, cons
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
-    collocated_stage<Q, T, OPT_CONST>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, G + ee * q3 + t, gstride,
-                                      active, a, b, GR, GS, rw);
+    collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, G + ee * q3 + t, gstride,
+                                active, a, b, GR, GS, rw);
     lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
   }
 }
@@ -987,7 +988,12 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
     constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
     constexpr int region = 3 * Q * Q * Q > lines ? 3 * Q * Q * Q : lines;
     const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
-    auto kernel = variant == 9 ? stiffness_lines_kernel<N, Q, 3> : stiffness_lines_kernel<N, Q, 0>;
+    // 11: D rows in registers, capped for two blocks (10, the same with ptxas' own choice, took
+    // 246 registers at n = 8 and lost at most orders: cuda_rows_h100.json; dropped)
+    constexpr int ROWS = OPT_CONST | OPT_ROWS;
+    auto kernel = variant == 9    ? stiffness_lines_kernel<N, Q, 3>
+                  : variant == 11 ? stiffness_lines_kernel<N, Q, 2, ROWS>
+                                  : stiffness_lines_kernel<N, Q, 0>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, Dq, G, w);
     return;
