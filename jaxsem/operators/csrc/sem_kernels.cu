@@ -269,22 +269,6 @@ cudaError_t copy_ops(const T* src, int words, int offset_words, cudaStream_t st)
                                  cudaMemcpyDeviceToDevice, st);
 }
 
-// sD[a*M + b] = D[a][b] and sDt[b*M + a] = D[a][b], loaded by thread tid of nthreads.
-template <int M, typename T>
-__device__ __forceinline__ void load_d(const T* __restrict__ D, T* sD, T* sDt, int tid, int nthreads) {
-  for (int x = tid; x < M * M; x += nthreads) {
-    sD[x] = D[x];
-    sDt[(x % M) * M + x / M] = D[x];
-  }
-}
-
-// The six geometric factors at one point, g[f·gstride] (rr, rs, rt, ss, st, tt); 0 off the mesh.
-template <typename T>
-__device__ __forceinline__ void load_g6(const T* __restrict__ g, int64_t gstride, bool active, T (&gv)[6]) {
-#pragma unroll
-  for (int f = 0; f < 6; ++f) gv[f] = active ? g[f * gstride] : T(0);
-}
-
 // The collocated stiffness stage on an M³ grid (BK5 on the GLL points, BK3 on the Gauss
 // points): X holds the element in shared memory, xc[] is thread (a, b)'s column of it, g points
 // at G[0][e][0][b][a] with the factors gstride apart; on return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)
@@ -309,16 +293,21 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
     }
   }
   T gn[6];
-  if constexpr (PREF) load_g6(g, gstride, active, gn);
+  if constexpr (PREF) {
+#pragma unroll
+    for (int f = 0; f < 6; ++f) gn[f] = active ? g[f * gstride] : T(0);
+  }
 #pragma unroll
   for (int k = 0; k < M; ++k) rw[k] = 0;
 #pragma unroll
   for (int k = 0; k < M; ++k) {
-    T gv[6];
+    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
     if constexpr (PREF) {
+      g0 = gn[0], g1 = gn[1], g2 = gn[2], g3 = gn[3], g4 = gn[4], g5 = gn[5];
+      if (k + 1 < M) {
 #pragma unroll
-      for (int f = 0; f < 6; ++f) gv[f] = gn[f];
-      if (k + 1 < M) load_g6(g + (k + 1) * m2, gstride, active, gn);
+        for (int f = 0; f < 6; ++f) gn[f] = active ? g[(k + 1) * m2 + f * gstride] : T(0);
+      }
     }
     T ur = 0, us = 0, ut = 0;
 #pragma unroll
@@ -335,10 +324,20 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
       else
         ut += sD[k * M + m] * xc[m];
     }
-    if constexpr (!PREF) load_g6(g + k * m2, gstride, active, gv);
-    GR[(k * M + b) * M + a] = gv[0] * ur + gv[1] * us + gv[2] * ut;
-    GS[(k * M + b) * M + a] = gv[1] * ur + gv[3] * us + gv[4] * ut;
-    const T gt = gv[2] * ur + gv[4] * us + gv[5] * ut;
+    if constexpr (!PREF) {
+      if (active) {
+        const T* gk = g + k * m2;
+        g0 = gk[0];
+        g1 = gk[gstride];
+        g2 = gk[2 * gstride];
+        g3 = gk[3 * gstride];
+        g4 = gk[4 * gstride];
+        g5 = gk[5 * gstride];
+      }
+    }
+    GR[(k * M + b) * M + a] = g0 * ur + g1 * us + g2 * ut;
+    GS[(k * M + b) * M + a] = g1 * ur + g3 * us + g4 * ut;
+    const T gt = g2 * ur + g4 * us + g5 * ut;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if constexpr (CONST)
@@ -382,7 +381,10 @@ bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restric
   T* GR = U + n3;
   T* GS = GR + n3;
   const int lt = i + N * j;
-  load_d<N>(D, sD, sDt, lt + n2 * z, n2 * EB);
+  for (int t = lt + n2 * z; t < n2; t += n2 * EB) {
+    sD[t] = D[t];
+    sDt[(t % N) * N + t / N] = D[t];
+  }
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t stride = E * n3;
@@ -552,7 +554,10 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
   T* GS = R + 2 * q3;
   const int tid = a + Q * (b + Q * z);
   for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
-  load_d<Q>(Dq, sD, sDt, tid, Q * Q * EB);
+  for (int t = tid; t < Q * Q; t += Q * Q * EB) {
+    sD[t] = Dq[t];
+    sDt[(t % Q) * Q + t / Q] = Dq[t];
+  }
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t ee = active ? e : 0;
@@ -596,47 +601,42 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
 //   phase 1' (j, k) owns Y1[k][j][:]  -> w[k][j][i]    (N²)
 __host__ __device__ constexpr int odd_len(int x) { return x | 1; }
 
-__host__ __device__ constexpr int max3(int x, int y, int z) { return x > y ? (x > z ? x : z) : (y > z ? y : z); }
-
 template <int N, int Q>
 __host__ __device__ constexpr int lines_a_words() {  // u staged, X2, Y1
-  return max3(N * N * odd_len(N), Q * Q * odd_len(N), N * N * odd_len(Q));
+  constexpr int RN = odd_len(N), RQ = odd_len(Q);
+  constexpr int w1 = N * N * RN, w2 = Q * Q * RN, w3 = N * N * RQ;
+  return w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
 }
 
 template <int N, int Q>
 __host__ __device__ constexpr int lines_b_words() {  // X1, Y2, w staged
-  return max3(N * Q * odd_len(N), N * Q * odd_len(Q), N * N * odd_len(N));
+  constexpr int RN = odd_len(N), RQ = odd_len(Q);
+  constexpr int w1 = N * Q * RN, w2 = N * Q * RQ, w3 = N * N * RN;
+  return w1 > w2 ? (w1 > w3 ? w1 : w3) : (w2 > w3 ? w2 : w3);
 }
 
-// out = J in, J: R×S row-major in constant memory at OFF (TRANS: out = Jᵀ in)
-template <int R, int S, int OFF, bool TRANS = false>
-__device__ __forceinline__ void cmul(const JAXSEM_REAL (&in)[TRANS ? R : S], JAXSEM_REAL (&out)[TRANS ? S : R]) {
-  constexpr int NI = TRANS ? R : S, NO = TRANS ? S : R;
+// out[r] = Σ_s J[r][s] in[s] (J: R×S, row-major in constant memory at OFF)
+template <int R, int S, int OFF>
+__device__ __forceinline__ void cmul(const JAXSEM_REAL (&in)[S], JAXSEM_REAL (&out)[R]) {
 #pragma unroll
-  for (int o = 0; o < NO; ++o) {
+  for (int r = 0; r < R; ++r) {
     JAXSEM_REAL acc = 0;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) acc += c_ops[OFF + (TRANS ? i * S + o : o * S + i)] * in[i];
-    out[o] = acc;
+    for (int q = 0; q < S; ++q) acc += c_ops[OFF + r * S + q] * in[q];
+    out[r] = acc;
   }
 }
 
+// out[s] = Σ_r J[r][s] in[r]
 template <int R, int S, int OFF>
 __device__ __forceinline__ void cmul_t(const JAXSEM_REAL (&in)[R], JAXSEM_REAL (&out)[S]) {
-  cmul<R, S, OFF, true>(in, out);
-}
-
-// One hand-over of a line: in[m] = src[m·ss], out = J in (J: R×S at OFF; TRANS: out = Jᵀ in),
-// dst[r·ds] = out[r]. Every phase of the kernels by lines is one of these.
-template <int R, int S, int OFF, bool TRANS>
-__device__ __forceinline__ void line_pass(const JAXSEM_REAL* src, int ss, JAXSEM_REAL* dst, int ds) {
-  constexpr int NI = TRANS ? R : S, NO = TRANS ? S : R;
-  JAXSEM_REAL in[NI], out[NO];
 #pragma unroll
-  for (int m = 0; m < NI; ++m) in[m] = src[m * ss];
-  cmul<R, S, OFF, TRANS>(in, out);
+  for (int q = 0; q < S; ++q) {
+    JAXSEM_REAL acc = 0;
 #pragma unroll
-  for (int r = 0; r < NO; ++r) dst[r * ds] = out[r];
+    for (int r = 0; r < R; ++r) acc += c_ops[OFF + r * S + q] * in[r];
+    out[q] = acc;
+  }
 }
 
 // Forward interpolation by lines: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a] for thread
@@ -650,11 +650,25 @@ __device__ __forceinline__ void lines_forward(const JAXSEM_REAL* __restrict__ ue
   __syncthreads();  // earlier readers of A and S are done
   for (int x = t; x < n3; x += NT) A[(x / N) * RN + x % N] = active ? ue[x] : T(0);
   __syncthreads();
-  if (t < N * N)  // phase 1: thread (j, k) = (t % N, t / N); S[k][a][j]
-    line_pass<Q, N, OFF, false>(A + t * RN, 1, S + (t / N) * Q * RN + t % N, RN);
+  if (t < N * N) {  // phase 1: thread (j, k) = (t % N, t / N)
+    const int j = t % N, k = t / N;
+    T in[N], out[Q];
+#pragma unroll
+    for (int i = 0; i < N; ++i) in[i] = A[t * RN + i];
+    cmul<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int a = 0; a < Q; ++a) S[(k * Q + a) * RN + j] = out[a];
+  }
   __syncthreads();
-  if (t < Q * N)  // phase 2: thread (a, k) = (t % Q, t / Q); A[b][a][k]
-    line_pass<Q, N, OFF, false>(S + t * RN, 1, A + (t % Q) * RN + t / Q, Q * RN);
+  if (t < Q * N) {  // phase 2: thread (a, k) = (t % Q, t / Q)
+    const int a = t % Q, k = t / Q;
+    T in[N], out[Q];
+#pragma unroll
+    for (int j = 0; j < N; ++j) in[j] = S[(k * Q + a) * RN + j];
+    cmul<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int b = 0; b < Q; ++b) A[(b * Q + a) * RN + k] = out[b];
+  }
   __syncthreads();
   T in[N];  // phase 3: thread (a, b) = (t % Q, t / Q)
 #pragma unroll
@@ -676,11 +690,24 @@ __device__ __forceinline__ void lines_back(JAXSEM_REAL* __restrict__ we, bool ac
 #pragma unroll
   for (int k = 0; k < N; ++k) S[(k * Q + a) * RQ + b] = y[k];
   __syncthreads();
-  if (t < Q * N)  // phase 2': thread (a, k) = (t % Q, t / Q); A[k][j][a]
-    line_pass<Q, N, OFF, true>(S + t * RQ, 1, A + (t / Q) * N * RQ + t % Q, RQ);
+  if (t < Q * N) {  // phase 2': thread (a, k) = (t % Q, t / Q)
+    const int a2 = t % Q, k = t / Q;
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = S[(k * Q + a2) * RQ + q];
+    cmul_t<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int j = 0; j < N; ++j) A[(k * N + j) * RQ + a2] = out[j];
+  }
   __syncthreads();
-  if (t < N * N)  // phase 1': thread (j, k) = (t % N, t / N)
-    line_pass<Q, N, OFF, true>(A + t * RQ, 1, S + t * RN, 1);
+  if (t < N * N) {  // phase 1': thread (j, k) = (t % N, t / N)
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = A[t * RQ + q];
+    cmul_t<Q, N, OFF>(in, out);
+#pragma unroll
+    for (int i = 0; i < N; ++i) S[t * RN + i] = out[i];
+  }
   __syncthreads();
   if (active)
     for (int x = t; x < n3; x += NT) we[x] = S[(x / N) * RN + x % N];
@@ -729,7 +756,10 @@ stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, cons
   T* X = R;
   T* GR = R + q3;
   T* GS = R + 2 * q3;
-  load_d<Q>(Dq, sD, sDt, t + Q * Q * z, Q * Q * EB);
+  for (int x = t + Q * Q * z; x < Q * Q; x += Q * Q * EB) {
+    sD[x] = Dq[x];
+    sDt[(x % Q) * Q + x / Q] = Dq[x];
+  }
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t ee = active ? e : 0;
@@ -772,26 +802,54 @@ __device__ __forceinline__ void collocated_lines(const JAXSEM_REAL (&x)[M], cons
   using T = JAXSEM_REAL;
   constexpr int m2 = M * M;
   const int p = t % M, q = t / M;  // i-line (b, k) = (p, q); j-line (a, k) = (p, q); k-line (a, b) = (p, q)
-  constexpr int RM = odd_len(M);
-  const int li = coll_index<M>(q, p, 0), lj = coll_index<M>(q, 0, p);  // i-line, j-line starts
-  line_pass<M, M, OFFD, false>(P0 + li, 1, P1 + li, 1);    // ur[k][b][a] = Σ_m D[a][m] x[k][b][m]
-  line_pass<M, M, OFFD, false>(P0 + lj, RM, P2 + lj, RM);  // us[k][b][a] = Σ_m D[b][m] x[k][m][a]
+  {
+    T in[M], out[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, p, m)];
+    cmul<M, M, OFFD>(in, out);  // ur[k][b][a] = Σ_m D[a][m] x[k][b][m]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P1[coll_index<M>(q, p, m)] = out[m];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, m, p)];
+    cmul<M, M, OFFD>(in, out);  // us[k][b][a] = Σ_m D[b][m] x[k][m][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P2[coll_index<M>(q, m, p)] = out[m];
+  }
   __syncthreads();
   T gt[M];
   cmul<M, M, OFFD>(x, gt);  // ut, then the t-row of G·(ur, us, ut)
 #pragma unroll
   for (int k = 0; k < M; ++k) {
     const T ur = P1[coll_index<M>(k, q, p)], us = P2[coll_index<M>(k, q, p)], ut = gt[k];
-    T gv[6];
-    load_g6(g + k * m2, gstride, active, gv);
-    P0[coll_index<M>(k, q, p)] = gv[0] * ur + gv[1] * us + gv[2] * ut;  // x's readers passed the barrier
-    P3[coll_index<M>(k, q, p)] = gv[1] * ur + gv[3] * us + gv[4] * ut;
-    gt[k] = gv[2] * ur + gv[4] * us + gv[5] * ut;
+    T g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0;
+    if (active) {
+      const T* gk = g + k * m2;
+      g0 = gk[0];
+      g1 = gk[gstride];
+      g2 = gk[2 * gstride];
+      g3 = gk[3 * gstride];
+      g4 = gk[4 * gstride];
+      g5 = gk[5 * gstride];
+    }
+    P0[coll_index<M>(k, q, p)] = g0 * ur + g1 * us + g2 * ut;  // x's readers passed the barrier
+    P3[coll_index<M>(k, q, p)] = g1 * ur + g3 * us + g4 * ut;
+    gt[k] = g2 * ur + g4 * us + g5 * ut;
   }
   cmul_t<M, M, OFFD>(gt, rw);  // Σ_k D[k][m] gt[k]
   __syncthreads();
-  line_pass<M, M, OFFD, true>(P0 + li, 1, P1 + li, 1);    // Σ_a D[a][i] gr[k][b][a]
-  line_pass<M, M, OFFD, true>(P3 + lj, RM, P2 + lj, RM);  // Σ_b D[b][j] gs[k][b][a]
+  {
+    T in[M], out[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P0[coll_index<M>(q, p, m)];
+    cmul_t<M, M, OFFD>(in, out);  // Σ_a D[a][i] gr[k][b][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P1[coll_index<M>(q, p, m)] = out[m];
+#pragma unroll
+    for (int m = 0; m < M; ++m) in[m] = P3[coll_index<M>(q, m, p)];
+    cmul_t<M, M, OFFD>(in, out);  // Σ_b D[b][j] gs[k][b][a]
+#pragma unroll
+    for (int m = 0; m < M; ++m) P2[coll_index<M>(q, m, p)] = out[m];
+  }
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < M; ++k) rw[k] += P1[coll_index<M>(k, q, p)] + P2[coll_index<M>(k, q, p)];
