@@ -639,6 +639,9 @@ __device__ __forceinline__ void cmul_t(const JAXSEM_REAL (&in)[R], JAXSEM_REAL (
   }
 }
 
+// The phases below (and in collocated_lines) repeat one pattern: load a line, contract it, store
+// it. A shared helper for it changed ptxas' register allocation and cost up to 2.5x at some orders
+// on the H100 (NOTES_speed.md, session 5), so they stay written out.
 // Forward interpolation by lines: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a] for thread
 // t = a + Q·b of the Q² threads of an element (phases 1-3 above). A: lines_a_words, S:
 // lines_b_words of this element's shared memory. Barriers inside; on return A and S are free.
