@@ -2,7 +2,11 @@
 
 ``csrc/sem_kernels.cu`` holds the classic GPU layout of the spectral-element
 operators (one element per N×N — or, on Gauss points, Q×Q — thread layer, the
-k-column in registers, one k-slice at a time through shared memory). Unlike
+k-column in registers, the other directions through shared memory) and variants
+of it (:data:`VARIANTS`): operator matrices in constant memory, and kernels "by
+lines" where each thread owns a whole line of the direction being contracted and
+shared memory only hands values between owners. The fastest variant per operator
+and order measured on an H100 is the default (:func:`default_variant`). Unlike
 the Pallas/Triton kernels (:mod:`jaxsem.operators.fused`), nothing is padded to
 powers of two, so every order p = 1…15 runs at its true size.
 
@@ -20,8 +24,9 @@ Build: on first use the source is compiled with ``nvcc`` (found on ``PATH``,
 ``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture against
 the XLA FFI headers that jaxlib ships, one library per operator and dtype (six
 nvcc runs in parallel), into ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``),
-keyed by a hash of source, headers' path, architecture and compiler; about a
-minute, once. :func:`build` does it ahead of time.
+keyed by a hash of source, headers' path, architecture and compiler; once (64–96 s on
+the H100 machine before the variants 4–11 were added; about 6 min on a 2-core CPU
+machine now). :func:`build` does it ahead of time.
 
 Differentiation: a custom JVP whose tangent is the einsum reference's (as the
 Pallas kernels), so forward and reverse mode work and implicit solves can
