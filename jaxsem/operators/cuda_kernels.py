@@ -141,7 +141,7 @@ def build(verbose: bool = True) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     arch = _arch(device)
     if verbose:
-        print(f"jaxsem: building CUDA kernels for sm_{arch} in {out_dir} (once, about a minute)",
+        print(f"jaxsem: building CUDA kernels for sm_{arch} in {out_dir} (once, a few minutes)",
               file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         procs = {}
