@@ -105,8 +105,8 @@ def _build_parser() -> _Parser:
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
     s.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default=None,
-                   help="poisson: element kernels, the faster GPU kernel (CUDA or Pallas) on a GPU and einsum "
-                        "elsewhere (auto, default), or force one")
+                   help="poisson: element kernels, the CUDA kernels where nvcc builds them and einsum "
+                        "elsewhere (auto, default), or force one (fused: Pallas)")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
         s.add_argument(flag, default=None, **kw)
     for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
@@ -124,8 +124,8 @@ def _build_parser() -> _Parser:
     b.add_argument("--bandwidth", default=None, metavar="GBPS",
                    help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
     b.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default="auto",
-                   help="element kernel: the faster GPU kernel (CUDA or Pallas) on a GPU and einsum elsewhere "
-                        "(auto, default), or force one")
+                   help="element kernel: the CUDA kernels where nvcc builds them and einsum elsewhere "
+                        "(auto, default), or force one (fused: Pallas)")
     common(b)
 
     i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")

@@ -199,8 +199,8 @@ _ALLOWED = {"bk5": VARIANTS[:8], "mass": VARIANTS[:9], "stiffness": VARIANTS[1:]
 # cuda_coll_lines_h100.json; BK3/BK4 11 from cuda_rows_h100.json. A new variant is taken only
 # where it beat the former default by > 5% (two identical kernels, mass 4 ≡ 6, differed by up to 7%
 # at p = 3 and ≤ 4% elsewhere).
-_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 9): 6, ("bk5", 10): 8, ("bk5", 11): 4, ("bk5", 12): 6,
-            ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
+_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 9): 6, ("bk5", 10): 8,
+            ("bk5", 11): 4, ("bk5", 12): 6, ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
             ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 9, ("mass", 7): 9,
             ("mass", 8): 9, ("mass", 9): 9, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
             ("mass", 13): 9, ("mass", 14): 8, ("mass", 15): 8, ("mass", 16): 9,

@@ -800,14 +800,8 @@ def stiffness_fused(u, J, Dt, G, h1=None, *, interpret=None, elements_per_block=
     return _gauss_entry("stiffness_fused", u, J, Dt, G, "stiffness", interpret, config, over)
 
 
-# Operators "auto" sends to a GPU kernel (Pallas or CUDA); others stay einsum.
+# Operators "auto" sends to a CUDA kernel (:func:`_resolve` says why never Pallas); others stay einsum.
 AUTO_FUSED = frozenset({"mass", "stiffness", "stiffness_gll"})
-
-# "auto" prefers the CUDA kernels wherever they build: on an H100 they were as fast or
-# faster than the Pallas ones at every order and dtype measured, except FP64 BK6 at p = 7
-# (28.3–29.6 against 31.3–32.0 GDOF/s) and BK1 at p = 11 (27.8 against 30.2), and they run
-# inside shard_map on several GPUs, where a Pallas kernel segfaults (reproduced on two H200s:
-# experiments/results/shard_impl_h200x2.json). Pallas is the fallback without nvcc.
 
 IMPLS = ("auto", "einsum", "pallas", "fused", "cuda")
 
