@@ -42,6 +42,17 @@ def test_supported_shapes():
     assert not ck.cuda_supported(jnp.zeros((5, 4, 4, 4), jnp.int32))
 
 
+def test_default_variants_exist_for_their_operator():
+    """Every default (scalar and vector tables, every order) is a variant its operator has, so
+    no default launch can raise "variant must be one of"."""
+    for op in ck._ALLOWED:
+        for n in range(2, ck.MAX_N + 1):
+            for comps in (1, 3):
+                assert ck.default_variant(op, n, comps) in ck._ALLOWED[op], (op, n, comps)
+    assert ck.default_variant("mass", 8, 3) == 10 and ck.default_variant("mass", 8, 1) == 9
+    assert ck.default_variant("bk5", 6, 3) == 10 and ck.default_variant("bk5", 6, 1) == 6
+
+
 @pytest.mark.skipif(ck.cuda_available(), reason="checks the error off GPU")
 def test_cuda_off_gpu_is_a_clear_error():
     u, J, Dt, B, G = _data(2, 3)
@@ -50,7 +61,9 @@ def test_cuda_off_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="variant must be one of"):
         ck.stiffness_cuda(u, J, Dt, G, variant=1)  # no slice kernel for BK3/BK4
     with pytest.raises(ValueError, match="variant must be one of"):
-        ck.mass_cuda(u, J, B, variant=10)
+        ck.stiffness_cuda(u, J, Dt, G, variant=10)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        ck.mass_cuda(u, J, B, variant=11)
     with pytest.raises(ValueError, match="variant must be one of"):
         ck.stiffness_gll_cuda(u, Dt, G, variant=9)  # Gauss kernels only
     with pytest.raises(ValueError, match="n <= 16"):
@@ -88,7 +101,7 @@ def test_every_variant_equal_to_einsum(variant, order):
 
 
 @gpu
-@pytest.mark.parametrize("variant", [4, 6, 8, 9])
+@pytest.mark.parametrize("variant", [4, 6, 8, 9, 10])
 def test_constant_memory_follows_each_call(variant):
     """The constant-memory copy of D/J is refreshed for every launch: one jitted function with two
     different matrices of the same order, and two orders, gives each call its own result."""
@@ -97,14 +110,15 @@ def test_constant_memory_follows_each_call(variant):
     u2, J2, Dt2, B2, G2 = _data(3, 7, seed=1)
 
     vm = 8 if variant == 9 else variant  # no 9 for BK5
+    vs = 11 if variant == 10 else variant  # no 10 for BK3
 
     @jax.jit
     def both(u, ug, u2):
         return (ck.stiffness_gll_cuda(ug, Dg, Gg, variant=vm),
                 ck.stiffness_gll_cuda(ug, 2.0 * Dg, Gg, variant=vm),
                 ck.mass_cuda(u, J, B, variant=vm), ck.mass_cuda(u, 0.5 * J, B, variant=vm),
-                ck.stiffness_cuda(u, J, Dt, G, variant=variant),
-                ck.stiffness_cuda(u2, J2, Dt2, G2, variant=variant))
+                ck.stiffness_cuda(u, J, Dt, G, variant=vs),
+                ck.stiffness_cuda(u2, J2, Dt2, G2, variant=vs))
 
     got = both(u, ug, u2)
     want = (stiffness_gll(ug, Dg, Gg), stiffness_gll(ug, 2.0 * Dg, Gg), mass(u, J, B), mass(u, 0.5 * J, B),

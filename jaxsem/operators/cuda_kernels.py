@@ -187,22 +187,26 @@ def cuda_supported(u, J=None) -> bool:
 # between line owners (mass: the interpolations; BK3/BK4: the interpolations, with the collocated
 # stage as in 6; BK5/BK6: the collocated stage); 9 (Gauss kernels): as 8 with registers capped for
 # three blocks per multiprocessor. 11 (BK3/BK4): as 8 with the collocated stage's D rows in
-# registers, capped for two blocks (10, the same uncapped, was measured and dropped).
-VARIANTS = tuple(range(1, 10)) + (11,)
-_ALLOWED = {"bk5": VARIANTS[:8], "mass": VARIANTS[:9], "stiffness": VARIANTS[1:]}
+# registers, capped for two blocks. 10: as 8 with registers capped for more blocks per
+# multiprocessor (BK5/BK6: two; mass: four). Measured and dropped (caps_{p7,bk5}_h100.json): BK5 7
+# capped for three blocks, BK3 8 capped for four, the mass with B read once for all components.
+VARIANTS = tuple(range(1, 12))
+_ALLOWED = {"bk5": (1, 2, 3, 4, 5, 6, 7, 8, 10), "mass": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+            "stiffness": (2, 3, 4, 5, 6, 7, 8, 9, 11)}
 
 
 # Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
 # experiments/results/cuda_kernels_v{2,3}_h100.json; 4-7 from cuda_variants_orders_h100.json (one
 # sweep of 2-7 at p = 3…15, BK5/BK1/BK3); 8/9 (the Gauss kernels by lines) from
 # cuda_lines_h100.json (the defaults then against 8 and 9, p = 1…15); BK5 8 from
-# cuda_coll_lines_h100.json; BK3/BK4 11 from cuda_rows_h100.json. A new variant is taken only
+# cuda_coll_lines_h100.json; BK3/BK4 11 from cuda_rows_h100.json; mass 10 from caps_{p7,mass}_h100.json
+# (BK1 p = 5, 8: 43.4/46.3 GDOF/s against 41.0/42.2 with 9). A new variant is taken only
 # where it beat the former default by > 5% (two identical kernels, mass 4 ≡ 6, differed by up to 7%
 # at p = 3 and ≤ 4% elsewhere).
 _VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 9): 6, ("bk5", 10): 8,
             ("bk5", 11): 4, ("bk5", 12): 6, ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
-            ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 9, ("mass", 7): 9,
-            ("mass", 8): 9, ("mass", 9): 9, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
+            ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 10, ("mass", 7): 9,
+            ("mass", 8): 9, ("mass", 9): 10, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
             ("mass", 13): 9, ("mass", 14): 8, ("mass", 15): 8, ("mass", 16): 9,
             ("stiffness", 4): 8, ("stiffness", 5): 9, ("stiffness", 6): 9, ("stiffness", 7): 9,
             ("stiffness", 8): 8, ("stiffness", 9): 11, ("stiffness", 10): 11, ("stiffness", 11): 8,
@@ -211,8 +215,11 @@ _VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 
 # Where the vector forms (BK2/BK4/BK6: 3 components in one launch) want another variant
 # (cuda_variants_p7_h100.json: BK6 p = 7 36.4 GDOF/s with 4 against 28.4 with 2;
 # cuda_lines_h100.json: BK2 p = 5 50.8 with 8 against 46.6 with 9; cuda_rows_h100.json: BK4 p = 6,
-# 7, 14 with 11 against 8/8/3).
-_VARIANT_VECTOR = {("bk5", 8): 4, ("mass", 6): 8, ("stiffness", 7): 11, ("stiffness", 8): 11,
+# 7, 14 with 11 against 8/8/3; caps_{p7,bk5,bk6,mass}_h100.json: BK6 p = 4, 5, 6, 8 with 10,
+# +7…34% over the former default (p = 4 in one run, the others in two); BK2 p = 7 with 10, 56.4/57.0 against 52.6/52.7 with 9; BK2 p = 8 (mass
+# 10 as the scalar form) 53.0 against 47.9).
+_VARIANT_VECTOR = {("bk5", 5): 10, ("bk5", 6): 10, ("bk5", 7): 10, ("bk5", 8): 4, ("bk5", 9): 10,
+                   ("mass", 6): 8, ("mass", 8): 10, ("stiffness", 7): 11, ("stiffness", 8): 11,
                    ("stiffness", 15): 11}
 
 
@@ -270,7 +277,7 @@ def _variant(variant, op, u):
     n = u.shape[-1] if u.ndim else 0
     if variant is None:
         return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
-    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1); BK5/BK6: no 9
+    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
     if variant not in allowed:
         raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
     return int(variant)

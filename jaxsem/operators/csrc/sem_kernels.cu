@@ -936,9 +936,9 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     return;
   }
   if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
-  if (variant == 8) {  // collocated stage by lines
+  if (variant == 8 || variant == 10) {  // collocated stage by lines; 10: capped for two blocks
     const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
-    auto kernel = bk5_lines_kernel<N, 0>;
+    auto kernel = variant == 10 ? bk5_lines_kernel<N, 2> : bk5_lines_kernel<N, 0>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
     return;
@@ -961,9 +961,11 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
     return;
   }
   if (variant >= 4) copy_ops(J, Q * N, ops_offset(N), L.stream);
-  if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
+  if (variant >= 8) {  // lines; registers capped for 9: three, 10: four blocks per multiprocessor
     const size_t smem = sizeof(T) * EB * (lines_a_words<N, Q>() + lines_b_words<N, Q>());
-    auto kernel = variant == 9 ? mass_lines_kernel<N, Q, 3> : mass_lines_kernel<N, Q, 0>;
+    auto kernel = variant == 9    ? mass_lines_kernel<N, Q, 3>
+                  : variant == 10 ? mass_lines_kernel<N, Q, 4>
+                                  : mass_lines_kernel<N, Q, 0>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, B, w);
     return;
