@@ -5,6 +5,8 @@
 #   PART=bp5 bash experiments/run_h200.sh   -> $OUT/h200_bp5.tar.gz   (BP5 p=7, shard P=1,2,4 and MPI P=2,4)
 #   PART=bp5_8 / PART=dg_8 bash experiments/run_h200.sh  -> the P = 1 and P = 8 points on nvidia-h200-x8
 #   PART=a2a [NGPU=8] bash experiments/run_h200.sh      -> shard exchange rounds vs alltoall (BP5, Maxwell)
+#   PART=cuda bash experiments/run_h200.sh  -> BP5 p=7 with the CUDA kernels, shard P=1,2 and MPI P=2, and
+#                                              tests/mpi/test_distributed.py under mpirun -n 2 (nvidia-h200-x2)
 #   PART=dg  bash experiments/run_h200.sh   -> $OUT/h200_dg.tar.gz    (Maxwell N=7 scaling, advection overlap,
 #                                                                  mpi4jax host-staging variants)
 # Each stage has its own time limit and the results so far are packed on exit, so a slow stage costs
@@ -83,6 +85,18 @@ if [[ $PART == bp5 ]]; then
   stage mpi4 150 $MPI 4 $S --backend mpi --sizes $STRONG,$W4 --out $RES/bp5_mpi_P4.json
   stage mpi2 120 $MPI 2 $S --backend mpi --sizes $STRONG,$W2 --out $RES/bp5_mpi_P2.json
   stage shard_fused 150 $S --backend shard --impl auto --devices 1,2,4 --sizes $STRONG --out $RES/bp5_shard_fused.json
+fi
+
+if [[ $PART == cuda ]]; then  # nvidia-h200-x2: BP5 p = 7 with the CUDA kernels, shard and MPI, and the MPI tests on GPUs
+  stage install 120 install
+  # the kernels: $JAXSEM_CUDA_LIB (prebuilt, carried) or built here once, before the ranks start
+  stage build 400 $PY -c "'from jaxsem.operators import cuda_kernels as ck; print(ck.build())'"
+  stage mpi_tests 200 $MPI 2 bash -c "'$PY -m pytest -q -x -p no:cacheprovider tests/mpi/test_distributed.py \
+      > $RES/mpi_tests_rank\$OMPI_COMM_WORLD_RANK.txt 2>&1'"
+  stage cli_mpi2 90 $MPI 2 $PY -m jaxsem solve poisson --order 7 --elements 16 16 16 --json \> $RES/cli_mpi2.json
+  STRONG=${STRONG:-32x32x16}; W1=${W1:-32x30x30}; W2=${W2:-64x30x30}
+  stage shard_12 150 $S --impl cuda --backend shard --devices 1,2 --sizes $W1,$STRONG,$W2 --out $RES/bp5_cuda_shard_P12.json
+  stage mpi2 120 $MPI 2 $S --impl cuda --backend mpi --sizes $STRONG,$W2 --out $RES/bp5_cuda_mpi_P2.json
 fi
 
 if [[ $PART == dg ]]; then
