@@ -242,7 +242,7 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) 
 
 
 def _impl_used(spec, impl, u, J=None):
-    """Which kernel ``impl`` resolves to for this problem (for the record): "einsum" or "pallas"."""
+    """Which kernel ``impl`` resolves to for this problem (for the record): "einsum", "pallas" or "cuda"."""
     return bk_impl(spec, u, J, impl)
 
 
@@ -253,7 +253,8 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: st
             inner: int = BK_INNER) -> dict:
     """Time BK ``spec`` on an existing discretization ``sem`` (see :func:`bench_bk`).
 
-    ``impl``: ``"auto"`` (fused Pallas on GPU), ``"einsum"``, ``"pallas"``/``"fused"``.
+    ``impl``: ``"auto"`` (the CUDA kernels where nvcc builds them, else einsum), ``"einsum"``,
+    ``"pallas"``/``"fused"``, ``"cuda"``.
     Each of the ``repeats`` samples queues ``inner`` applies and waits once
     (per-apply time = elapsed / inner): a single apply of a few hundred µs
     would otherwise carry the host's dispatch and synchronisation latency.

@@ -29,6 +29,16 @@ def test_layouts_equal_reference(numbering, layout):
     out = gs_apply(plan, jnp.asarray(v))
     for c in range(3):
         np.testing.assert_allclose(out[c], _reference(numbering.gid, v[c]), rtol=1e-14, atol=1e-14)
+    # two leading axes (6 fields in one call), and its VJP is the same map (QQᵀ is symmetric)
+    v2 = jnp.asarray(np.random.default_rng(3).standard_normal((2, 3) + numbering.gid.shape))
+    out2 = gs_apply(plan, v2)
+    assert out2.shape == v2.shape
+    for a in range(2):
+        for c in range(3):
+            np.testing.assert_allclose(out2[a, c], _reference(numbering.gid, np.asarray(v2[a, c])), rtol=1e-14,
+                                       atol=1e-14)
+    _, vjp = jax.vjp(lambda x: gs_apply(plan, x), v2)
+    np.testing.assert_allclose(vjp(v2[::-1])[0], gs_apply(plan, v2[::-1]), rtol=1e-13, atol=1e-13)
 
 
 def test_multiplicity(numbering):

@@ -1,0 +1,71 @@
+"""Run a few PCG iterations of one BP under Nsight Compute's profiling range, to see every kernel
+of an iteration (the element operator, the gather–scatter's scatter and gather, XLA's fused
+vector updates and dot products) with its duration and DRAM throughput.
+
+The solve is compiled and run once outside the range; the second run sits between
+``cuProfilerStart``/``cuProfilerStop`` (driver API, through ctypes), so with
+``ncu --profile-from-start off`` only its kernels are profiled:
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
+        python experiments/profile_bp.py --problem bp6 --order 7 --elements 36 --iterations 2
+
+Without ncu it runs the same and prints the time per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jaxsem  # noqa: F401  (float64 on)
+from jaxsem import bench
+from jaxsem.mesh import box_mesh
+from jaxsem.models import poisson
+from jaxsem.solvers.pcg import pcg, weighted_dots
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problem", default="bp6", help="bp1 … bp6")
+    ap.add_argument("--order", type=int, default=7)
+    ap.add_argument("--elements", type=int, default=36, help="elements per axis")
+    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--impl", default="auto")
+    a = ap.parse_args(argv)
+    kind, spec = bench._check_problem(a.problem)
+    if kind != "bp":
+        raise ValueError(f"--problem must be bp1 … bp6, got {a.problem!r}")
+    k = spec.number
+    sem = poisson.bp_discretize(box_mesh((a.elements,) * 3, a.order, deform=0.1), k)
+    h1, h2 = poisson.coefficients(k)
+    b = poisson.load(sem, poisson.manufactured(k).f)
+    dinv = poisson.jacobi(sem, h1, h2)
+
+    def run(sem, b, dinv):
+        A = bench.bp_operator(spec, sem, a.impl)
+        return pcg(A, b, dot=sem.dot, dots=weighted_dots(sem.mult), precond=lambda r: dinv * r, tol=0.0,
+                   maxiter=a.iterations)
+
+    fn = jax.jit(run).lower(sem, b, dinv).compile()
+    jax.block_until_ready(fn(sem, b, dinv))
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no CUDA driver here (a CPU machine): nothing to profile, just run
+        cuda = None
+    if cuda is not None:
+        cuda.cuProfilerStart()
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(sem, b, dinv))
+    dt = time.perf_counter() - t0
+    if cuda is not None:
+        cuda.cuProfilerStop()
+    print(f"{a.problem} p={a.order} E={a.elements}^3 impl={a.impl}: {a.iterations} iterations in "
+          f"{dt * 1e3:.2f} ms (profiled run; with setup of the loop)")
+
+
+if __name__ == "__main__":
+    main()
