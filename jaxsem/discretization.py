@@ -130,7 +130,7 @@ def discretize(
     mesh: Mesh,
     quadrature: str = "gll",
     dirichlet: bool = True,
-    gs_layout: str = "segment",
+    gs_layout: str = "auto",
     dtype=jnp.float64,
     q: int | None = None,
     numbering: Numbering | None = None,
@@ -143,7 +143,9 @@ def discretize(
       mesh: a :class:`jaxsem.mesh.Mesh`.
       quadrature: ``"gll"`` (collocated, q = N + 1) or ``"gauss"`` (q = N + 2).
       dirichlet: zero Dirichlet conditions on every boundary face (else Neumann).
-      gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`.
+      gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`; ``"auto"``:
+        one CUDA gather kernel (``"csr"``) on one GPU where the CUDA kernels build,
+        ``"segment"`` otherwise.
       dtype: ``jnp.float64`` (default) or ``jnp.float32``.
       numbering: a :class:`Numbering` of ``mesh`` to reuse (computed if None).
       comm: communicator (default :func:`jaxsem.comm.get_comm`); with several

@@ -10,9 +10,21 @@ sums the copies of each global node, ``Q`` copies the sums back, so
 * ``"padded"``: for each global node, a fixed-width (max multiplicity, ≤ 8 for
   a conforming hex mesh without periodic wrap onto itself) list of its copies,
   padded with a pointer to a zero slot; a gather and a sum over that axis.
+* ``"csr"``: a gather only, no global array: each local node of a shared node
+  reads the list of all its node's copies (compressed rows ``csr_off``,
+  ``csr_idx``; the same order for every copy, so all copies get bit-identical
+  sums) and a node with one copy keeps its value. On a GPU with the CUDA
+  kernels it is one kernel (``cuda_kernels.gs_csr_cuda``): no zero fill of the
+  global array, no atomics, no second gather downstream (ncu, BP6 on an H100:
+  the segment form's zero fill and scatter took 0.23 + 0.66 of 5.6 ms per PCG
+  iteration, ``experiments/results/profile_bp6_h100.json``); elsewhere, and on a
+  distributed plan, it computes with the ``"segment"`` form.
+* ``"auto"`` (what :func:`jaxsem.discretize` asks for): ``"csr"`` where the CUDA
+  kernels run and the plan is not distributed, else ``"segment"``.
 
 All are linear and their transposes are themselves (QQᵀ is symmetric), which
-JAX's autodiff of ``segment_sum``/``take`` finds by itself.
+JAX's autodiff of ``segment_sum``/``take`` finds by itself; the CUDA form's
+derivative is the ``"segment"`` form's.
 
 Distributed (one process per device, each holding its own elements): the local
 sums of the shared nodes are exchanged with each neighbour rank in one packed
@@ -26,6 +38,7 @@ is the same exchange through mpi4jax's transpose rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +47,10 @@ import numpy as np
 from . import comm as _comm
 from .partition import rank_pairs
 
-__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "exchange_received",
-           "received_positions", "LAYOUTS"]
+__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "gs_uses_kernel",
+           "exchange_received", "received_positions", "LAYOUTS"]
 
-LAYOUTS = ("segment", "sorted", "padded")
+LAYOUTS = ("segment", "sorted", "padded", "csr", "auto")
 
 
 @jax.tree_util.register_dataclass
@@ -158,7 +171,10 @@ class GatherScatter:
     padded with ``L`` (``"padded"`` layout); ``mult: (E, n, n, n)`` inverse
     multiplicity 1/(number of copies, over all ranks); ``num_global``: the
     number of distinct nodes this plan sums into (on one rank, all nodes);
-    ``exchange``: the neighbour exchange when distributed, else None.
+    ``exchange``: the neighbour exchange when distributed, else None;
+    ``csr_off: (L + 1,)``, ``csr_idx: (nnz,)`` int32 (``"csr"`` layout, else
+    None): local node i sums the copies ``csr_idx[csr_off[i]:csr_off[i + 1]]``,
+    an empty row keeps its value.
     """
 
     gid: jax.Array
@@ -169,6 +185,8 @@ class GatherScatter:
     num_global: int = dataclasses.field(metadata=dict(static=True))
     layout: str = dataclasses.field(metadata=dict(static=True), default="segment")
     exchange: Exchange | None = None
+    csr_off: jax.Array | None = None
+    csr_idx: jax.Array | None = None
 
     def __call__(self, u):
         return gs_apply(self, u)
@@ -183,6 +201,8 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        layout = "csr" if exchange is None and _cuda_gs_available() else "segment"
     gid = np.asarray(gid)
     flat = gid.reshape(-1).astype(np.int64)
     L = flat.size
@@ -196,6 +216,19 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
     copies[flat[perm], rank_in_node] = perm
     itype = np.int32 if L < 2**31 - 1 else np.int64
     mult = (1.0 / counts[flat]).reshape(gid.shape)
+    csr_off = csr_idx = None
+    if layout == "csr" and exchange is None:
+        # row i (a copy of a shared node g) lists all copies of g in ascending local position:
+        # perm[starts[g] : starts[g] + count[g]] (perm is a stable sort by id)
+        deg = np.where(local_counts[flat] > 1, local_counts[flat], 0)
+        off = np.concatenate([[0], np.cumsum(deg)])
+        nnz = int(off[-1])
+        if nnz >= 2**31 - 1 or L >= 2**31 - 1:
+            raise ValueError(f"layout 'csr' needs fewer than 2**31 local nodes and copies, got L = {L}, nnz = {nnz}")
+        rows = np.nonzero(deg)[0]
+        within = np.arange(nnz) - np.repeat(off[rows], deg[rows])
+        csr_idx = jnp.asarray(perm[np.repeat(starts[flat[rows]], deg[rows]) + within].astype(np.int32))
+        csr_off = jnp.asarray(off.astype(np.int32))
     return GatherScatter(
         gid=jnp.asarray(flat.astype(itype)),
         perm=jnp.asarray(perm.astype(itype)),
@@ -205,7 +238,15 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
         num_global=int(num_global),
         layout=layout,
         exchange=exchange,
+        csr_off=csr_off,
+        csr_idx=csr_idx,
     )
+
+
+def _cuda_gs_available() -> bool:
+    from .operators import cuda_kernels  # late: it imports the operators
+
+    return cuda_kernels.cuda_available()
 
 
 def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, layout: str = "segment",
@@ -255,7 +296,7 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, lay
 
 def _qt(plan: GatherScatter, v):
     """Qᵀ on a flat E-vector ``v: (L,)`` → ``(num_global,)``."""
-    if plan.layout == "segment":
+    if plan.layout in ("segment", "csr"):
         return jax.ops.segment_sum(v, plan.gid, num_segments=plan.num_global)
     if plan.layout == "sorted":
         return jax.ops.segment_sum(
@@ -272,12 +313,17 @@ def gs_apply(plan: GatherScatter, u):
     """
     shape = u.shape
     lead = shape[: u.ndim - 4]
-    if lead and plan.layout == "segment":
+    if gs_uses_kernel(plan, u):
+        C = int(np.prod(lead)) if lead else 1
+        return _gs_csr(u.reshape((C, -1)), plan.csr_off, plan.csr_idx, plan.gid, plan.num_global).reshape(shape)
+    if lead and plan.layout in ("segment", "csr"):
         # one segment_sum over all components, component c's nodes shifted to [c·N, (c+1)·N):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
         # u to (L, C) first, a full extra read and write of u (ncu, BP6 on an H100: 0.40 of 6.0 ms
         # per PCG iteration, experiments/results/profile_bp6_h100.json)
         C, N = int(np.prod(lead)), plan.num_global
+        if plan.exchange is None:
+            return _gs_segment(u.reshape((C, -1)), plan.gid, N).reshape(shape)
         it = plan.gid.dtype if C * N < 2**31 - 1 else jnp.int64
         idx = (plan.gid.astype(it)[None, :] + (N * jnp.arange(C, dtype=it))[:, None]).reshape(-1)
         s = jax.ops.segment_sum(u.reshape(-1), idx, num_segments=C * N).reshape((C, N))
@@ -289,6 +335,48 @@ def gs_apply(plan: GatherScatter, u):
     if plan.exchange is not None:
         s = exchange_add(plan.exchange, s)
     return jnp.take(s, plan.gid, axis=-1).reshape(shape)
+
+
+def _csr_kernel_ok(u) -> bool:
+    return u.dtype in (jnp.float32, jnp.float64) and _cuda_gs_available()
+
+
+def gs_uses_kernel(plan: GatherScatter, u) -> bool:
+    """Whether :func:`gs_apply` runs the CUDA gather kernel for ``u`` (then JAX can
+    differentiate it, through its custom JVP, but not transpose it as a linear map)."""
+    return plan.csr_off is not None and plan.exchange is None and _csr_kernel_ok(u)
+
+
+def _gs_segment(u2, gid, N):
+    """QQᵀ of ``u2: (C, L)`` as one ``segment_sum`` (component c's ids shifted by c·N)."""
+    C = u2.shape[0]
+    it = gid.dtype if C * N < 2**31 - 1 else jnp.int64
+    idx = (gid.astype(it)[None, :] + (N * jnp.arange(C, dtype=it))[:, None]).reshape(-1)
+    s = jax.ops.segment_sum(u2.reshape(-1), idx, num_segments=C * N).reshape((C, N))
+    return jnp.take(s, gid, axis=-1)
+
+
+def _csr_gather(u2, off, idx):
+    """What the CUDA kernel computes, in JAX (to check a plan's ``csr_off``/``csr_idx`` anywhere)."""
+    L = u2.shape[1]
+    deg = off[1:] - off[:-1]
+    rows = jnp.repeat(jnp.arange(L), deg, total_repeat_length=idx.shape[0])
+    s = jax.vmap(lambda v: jax.ops.segment_sum(v[idx], rows, num_segments=L))(u2)
+    return jnp.where(deg > 0, s, u2)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _gs_csr(u2, off, idx, gid, N):
+    """QQᵀ of ``u2: (C, L)`` by the CUDA gather kernel; its tangent is the segment form's."""
+    from .operators.cuda_kernels import gs_csr_cuda
+
+    return gs_csr_cuda(u2, off, idx)
+
+
+@_gs_csr.defjvp
+def _gs_csr_jvp(N, primals, tangents):
+    u2, off, idx, gid = primals
+    return _gs_csr(u2, off, idx, gid, N), _gs_segment(tangents[0], gid, N)
 
 
 def global_to_local(plan: GatherScatter, ug):

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.gather_scatter import LAYOUTS, gs_apply, make_gs
+from jaxsem.gather_scatter import LAYOUTS, _csr_gather, gs_apply, make_gs
 from jaxsem.mesh import box_mesh
 from jaxsem.numbering import number_nodes
 
@@ -64,3 +64,32 @@ def test_gs_is_symmetric_and_its_own_transpose(numbering):
 def test_bad_layout(numbering):
     with pytest.raises(ValueError, match="layout"):
         make_gs(numbering.gid, numbering.num_global, "fast")
+
+
+def test_csr_rows_list_every_copy_in_one_order(numbering):
+    """The "csr" plan: a shared node's copies each list all copies of the node, in the same
+    order (so the GPU kernel gives them bit-identical sums); a node with one copy has an empty
+    row. Its gather (here in JAX, on the GPU one kernel) equals the reference."""
+    plan = make_gs(numbering.gid, numbering.num_global, "csr")
+    off, idx = np.asarray(plan.csr_off), np.asarray(plan.csr_idx)
+    flat = numbering.gid.reshape(-1)
+    counts = np.bincount(flat)
+    assert off[0] == 0 and off[-1] == idx.size == sum(c * c for c in counts if c > 1)
+    for i in range(flat.size):
+        row = idx[off[i]:off[i + 1]]
+        if counts[flat[i]] == 1:
+            assert row.size == 0
+        else:
+            assert sorted(row) == list(row) and set(row) == set(np.nonzero(flat == flat[i])[0])
+    v = np.random.default_rng(4).standard_normal((3,) + numbering.gid.shape)
+    got = _csr_gather(jnp.asarray(v.reshape(3, -1)), plan.csr_off, plan.csr_idx).reshape(v.shape)
+    for c in range(3):
+        np.testing.assert_allclose(got[c], _reference(numbering.gid, v[c]), rtol=1e-14, atol=1e-14)
+
+
+def test_auto_layout_off_gpu_is_segment(numbering):
+    from jaxsem.operators import cuda_kernels as ck
+
+    plan = make_gs(numbering.gid, numbering.num_global, "auto")
+    assert plan.layout == ("csr" if ck.cuda_available() else "segment")
+    assert (plan.csr_off is not None) == (plan.layout == "csr")

@@ -22,6 +22,7 @@ import numpy as np
 from .. import geometry as geo
 from ..comm import allreduce_max, allreduce_sum
 from ..discretization import SEM, discretize
+from ..gather_scatter import gs_uses_kernel
 from ..mesh import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
 from ..operators.fused import (
@@ -168,7 +169,8 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
         precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
-        transposable=kernels(sem, b, h1, h2, impl) == "einsum",  # a pallas/FFI call has no transpose
+        # a Pallas/FFI call (element kernel or the CUDA gather–scatter) has no transpose
+        transposable=kernels(sem, b, h1, h2, impl) == "einsum" and not gs_uses_kernel(sem.gs, b),
     )
 
 

@@ -15,6 +15,8 @@ Same contracts as the einsum references:
 * :func:`stiffness_gll_cuda` — :func:`~jaxsem.operators.stiffness.stiffness_gll` (BK5/BK6)
 * :func:`mass_cuda` — :func:`~jaxsem.operators.mass.mass` (BK1/BK2, q = n + 1)
 * :func:`stiffness_cuda` — :func:`~jaxsem.operators.stiffness.stiffness` (BK3/BK4, q = n + 1)
+* :func:`gs_csr_cuda` — the gather–scatter QQᵀ as one gather (layout ``"csr"`` of
+  :mod:`jaxsem.gather_scatter`)
 
 ``u: (..., E, n, n, n)`` float64 or float32 with 2 ≤ n ≤ 16; the leading axes
 (vector components) run inside one launch, so the geometric factors leave
@@ -22,7 +24,7 @@ memory once per element.
 
 Build: on first use the source is compiled with ``nvcc`` (found on ``PATH``,
 ``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture against
-the XLA FFI headers that jaxlib ships, one library per operator and dtype (six
+the XLA FFI headers that jaxlib ships, one library per operator and dtype (eight
 nvcc runs in parallel), into ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``),
 keyed by a hash of source, headers' path, architecture and compiler; once (64–96 s on
 the H100 machine before the variants 4–11 were added; about 6 min on a 2-core CPU
@@ -53,7 +55,7 @@ from .mass import mass
 from .stiffness import stiffness, stiffness_gll
 
 __all__ = ["build", "cuda_available", "cuda_supported", "stiffness_gll_cuda", "mass_cuda",
-           "stiffness_cuda", "SOURCE", "MAX_N"]
+           "stiffness_cuda", "gs_csr_cuda", "SOURCE", "MAX_N"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
@@ -90,7 +92,7 @@ def cuda_available() -> bool:
     return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _built(_gpu())
 
 
-OPS = ("bk5", "mass", "stiffness")
+OPS = ("bk5", "mass", "stiffness", "gs")
 DTYPES = {"f64": "double", "f32": "float"}
 
 
@@ -118,7 +120,7 @@ def _built(device) -> bool:
 
 
 def build(verbose: bool = True) -> dict:
-    """Compile ``csrc/sem_kernels.cu`` for this GPU, once per operator and dtype (six nvcc runs
+    """Compile ``csrc/sem_kernels.cu`` for this GPU, once per operator and dtype (eight nvcc runs
     in parallel; cached), and return ``{(op, dtype): library path}``.
 
     ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, named
@@ -325,3 +327,25 @@ def stiffness_cuda(u, J, Dt, G, h1=None, variant=None):
     if h1 is not None:
         G = G * h1
     return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", v)
+
+
+def gs_csr_cuda(u, off, idx):
+    """Gather–scatter QQᵀ as one gather (``csrc/sem_kernels.cu``, ``gs_csr_kernel``).
+
+    ``u: (C, L)`` float32/float64 (C fields of L local nodes); ``off: (L + 1,)`` and ``idx: (nnz,)``
+    int32: local node i sums ``u[:, idx[off[i]:off[i + 1]]]`` (all copies of its node, itself
+    included, in one order for all copies) and keeps ``u[:, i]`` where ``off[i] == off[i + 1]``.
+    Built by :func:`jaxsem.gather_scatter.make_gs` with ``layout="csr"``; no derivative rule
+    of its own (:func:`jaxsem.gather_scatter.gs_apply` supplies it).
+    """
+    if u.ndim != 2 or u.dtype not in (jnp.float32, jnp.float64):
+        raise ValueError(f"gs_csr_cuda: u must be (C, L) float32/float64, got {u.shape} {u.dtype}")
+    if off.shape != (u.shape[1] + 1,) or off.dtype != jnp.int32 or idx.ndim != 1 or idx.dtype != jnp.int32:
+        raise ValueError(f"gs_csr_cuda: off must be ({u.shape[1] + 1},) int32 and idx (nnz,) int32, "
+                         f"got {off.shape} {off.dtype}, {idx.shape} {idx.dtype}")
+    if not cuda_available():
+        raise ValueError("gs_csr_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
+    _register()
+    dt = "f64" if u.dtype == jnp.float64 else "f32"
+    call = jax.ffi.ffi_call(f"jaxsem_gs_{dt}", jax.ShapeDtypeStruct(u.shape, u.dtype), vmap_method="sequential")
+    return call(u, off, idx, variant=np.int32(0))

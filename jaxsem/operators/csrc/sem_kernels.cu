@@ -1134,8 +1134,77 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
   return stiffness_typed<JAXSEM_REAL>(st, variant, s, u, J, Dq, G, w);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_GS)
+// Gather–scatter QQᵀ as a gather only (gather_scatter.py, layout "csr"): local node i of a
+// (C, L) E-vector gets the sum of its node's copies, idx[off[i]:off[i+1]] (every copy, itself
+// included, in one canonical order so all copies get bit-identical sums); off[i] = off[i+1]
+// marks a node with one copy, which keeps its value. No scatter, atomics or global array.
+// CC > 0: the component count at compile time (its loads issued together, before the row's
+// bounds are known); CC = 0: any C, one component at a time.
+template <typename T, int CC>
+__global__ void gs_csr_kernel(int64_t L, int C, const T* __restrict__ u, const int32_t* __restrict__ off,
+                              const int32_t* __restrict__ idx, T* __restrict__ w) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < L; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (CC > 0) {
+      T own[CC];
+#pragma unroll
+      for (int c = 0; c < CC; ++c) own[c] = u[c * L + i];
+      const int32_t b = off[i], e = off[i + 1];
+      if (b != e) {
+#pragma unroll
+        for (int c = 0; c < CC; ++c) own[c] = 0;
+        for (int32_t j = b; j < e; ++j) {
+          const int64_t k = idx[j];
+#pragma unroll
+          for (int c = 0; c < CC; ++c) own[c] += u[c * L + k];
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CC; ++c) w[c * L + i] = own[c];
+    } else {
+      const int32_t b = off[i], e = off[i + 1];
+      for (int c = 0; c < C; ++c) {
+        const T* uc = u + c * L;
+        T s = uc[i];
+        if (b != e) {
+          s = 0;
+          for (int32_t j = b; j < e; ++j) s += uc[idx[j]];
+        }
+        w[c * L + i] = s;
+      }
+    }
+  }
+}
+
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer off, ffi::AnyBuffer idx,
+                       ffi::Result<ffi::AnyBuffer> w) {
+  auto d = u.dimensions();
+  if (d.size() != 2) return ffi::Error::InvalidArgument("jaxsem gs: u must be (C, L)");
+  if (u.element_type() != real_type())
+    return ffi::Error::InvalidArgument("jaxsem gs: this library was built for another dtype");
+  if (off.element_type() != ffi::DataType::S32 || idx.element_type() != ffi::DataType::S32)
+    return ffi::Error::InvalidArgument("jaxsem gs: off and idx must be int32");
+  const int64_t C = d[0], L = d[1];
+  if (off.element_count() != size_t(L + 1)) return ffi::Error::InvalidArgument("jaxsem gs: off must be (L + 1,)");
+  if (L == 0 || C == 0) return ffi::Error::Success();
+  const int threads = 256;
+  const int64_t blocks = (L + threads - 1) / threads;
+  const unsigned grid = unsigned(blocks < 65535 * 32 ? blocks : 65535 * 32);
+  auto pu = static_cast<const JAXSEM_REAL*>(u.untyped_data());
+  auto po = static_cast<const int32_t*>(off.untyped_data());
+  auto pi = static_cast<const int32_t*>(idx.untyped_data());
+  auto pw = static_cast<JAXSEM_REAL*>(w->untyped_data());
+  if (C == 1)
+    gs_csr_kernel<JAXSEM_REAL, 1><<<grid, threads, 0, st>>>(L, 1, pu, po, pi, pw);
+  else if (C == 3)
+    gs_csr_kernel<JAXSEM_REAL, 3><<<grid, threads, 0, st>>>(L, 3, pu, po, pi, pw);
+  else
+    gs_csr_kernel<JAXSEM_REAL, 0><<<grid, threads, 0, st>>>(L, int(C), pu, po, pi, pw);
+  return finish();
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS"
+#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
 #endif
 
 }  // namespace
