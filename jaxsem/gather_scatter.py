@@ -2,7 +2,7 @@
 
 An E-vector ``u: (..., E, n, n, n)`` holds one value per local node. ``Qᵀ``
 sums the copies of each global node, ``Q`` copies the sums back, so
-``gs(u) = take(segment_sum(u, gid), gid)``. Three layouts compute the same sum:
+``gs(u) = take(segment_sum(u, gid), gid)``. Four layouts compute the same sum:
 
 * ``"segment"``: ``segment_sum`` over the E-vector order (unsorted ids);
 * ``"sorted"``: permute the E-vector so ids ascend, then ``segment_sum`` with
