@@ -115,13 +115,16 @@ def pcg(
     z = M(r)
     rz = dot(r, z)
     bnorm = jnp.sqrt(dot(b, b))
-    rnorm = jnp.sqrt(dot(r, r))
+    rr0 = dot(r, r)
     target = tol * bnorm
-    hist = jnp.full((maxiter + 1,), jnp.nan, dtype=rnorm.dtype).at[0].set(rnorm)
+    # the loop carries ‖r‖² (the history too; square roots after the loop): one scalar kernel
+    # fewer per iteration in the fixed cost t₀ (a sqrt kernel between the reduction and its users)
+    hist = jnp.full((maxiter + 1,), jnp.nan, dtype=rr0.dtype).at[0].set(rr0)
+    target2 = target * target
 
     def cond(state):
-        _, _, _, _, it, rn, _ = state
-        return (it < maxiter) & (rn > target)
+        _, _, _, _, it, rr, _ = state
+        return (it < maxiter) & (rr > target2)
 
     # Passes over the vectors per iteration (XLA fuses by dataflow; the grouping
     # below is the minimum, experiments/NOTES_speed.md counts the bytes):
@@ -137,13 +140,13 @@ def pcg(
         beta = _safe_div(rz_new, rz)
         x = x + alpha * p
         p = M(r) + beta * p  # z = M r recomputed here rather than kept between passes
-        rn = jnp.sqrt(rr)
-        hist = hist.at[it + 1].set(rn)
-        return x, r, p, rz_new, it + 1, rn, hist
+        hist = hist.at[it + 1].set(rr)
+        return x, r, p, rz_new, it + 1, rr, hist
 
-    state = (x, r, z, rz, jnp.asarray(0, jnp.int32), rnorm, hist)
-    x, r, _, _, it, rn, hist = lax.while_loop(cond, body, state)
-    return x, PCGInfo(it, rn, bnorm, rn <= target, hist)
+    state = (x, r, z, rz, jnp.asarray(0, jnp.int32), rr0, hist)
+    x, r, _, _, it, rr, hist = lax.while_loop(cond, body, state)
+    rn = jnp.sqrt(rr)
+    return x, PCGInfo(it, rn, bnorm, rn <= target, jnp.sqrt(hist))
 
 
 def _pcg_single_reduction(A, b, M, dot, dots, x0, tol, maxiter):
