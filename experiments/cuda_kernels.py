@@ -67,6 +67,11 @@ def apply(op, impl, u, J, Dt, data):
     return stiffness_auto(u, J, Dt, data, impl=impl)
 
 
+def has_variant(op, impl):
+    """False for ``cudaN`` where the kernel family of ``op`` has no variant N."""
+    return not impl[4:].isdigit() or int(impl[4:]) in ck._ALLOWED[{"gll": "bk5"}.get(op, op)]
+
+
 def check(orders, out, impls=("cuda1", "cuda2")):
     key = jax.random.PRNGKey(1)
     rows = []
@@ -79,8 +84,7 @@ def check(orders, out, impls=("cuda1", "cuda2")):
                 ref = apply(op, "einsum", u, J, Dt, data)
                 args = [a.astype(dtype) for a in (u, J, Dt, data)]
                 for impl in impls:
-                    kop = {"gll": "bk5"}.get(op, op)
-                    if impl[4:].isdigit() and int(impl[4:]) not in ck._ALLOWED[kop]:
+                    if not has_variant(op, impl):
                         continue  # e.g. no slice kernel for BK3/BK4, no lines kernel for BK5/BK6
                     w = jax.jit(lambda *a: apply(op, impl, *a))(*args)
                     err = float(jnp.max(jnp.abs(w.astype(jnp.float64) - ref)) / jnp.max(jnp.abs(ref)))
@@ -176,7 +180,7 @@ def main(argv=None):
             dofs = E * order**3 * comps
             bpd = bench.bytes_per_dof(prob, order, a.dtype)
             for impl in a.impls.split(","):
-                if impl[4:].isdigit() and int(impl[4:]) not in ck._ALLOWED[{"gll": "bk5"}.get(op, op)]:
+                if not has_variant(op, impl):
                     continue  # this operator has no such variant
                 try:
                     fn = jax.jit(lambda *x: apply(op, impl, *x))

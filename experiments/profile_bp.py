@@ -19,13 +19,11 @@ import ctypes
 import time
 
 import jax
-import jax.numpy as jnp
 
 import jaxsem  # noqa: F401  (float64 on)
 from jaxsem import bench
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
-from jaxsem.solvers.pcg import pcg, weighted_dots
 
 
 def main(argv=None):
@@ -39,19 +37,10 @@ def main(argv=None):
     kind, spec = bench._check_problem(a.problem)
     if kind != "bp":
         raise ValueError(f"--problem must be bp1 … bp6, got {a.problem!r}")
-    k = spec.number
-    sem = poisson.bp_discretize(box_mesh((a.elements,) * 3, a.order, deform=0.1), k)
-    h1, h2 = poisson.coefficients(k)
-    b = poisson.load(sem, poisson.manufactured(k).f)
-    dinv = poisson.jacobi(sem, h1, h2)
-
-    def run(sem, b, dinv):
-        A = bench.bp_operator(spec, sem, a.impl)
-        return pcg(A, b, dot=sem.dot, dots=weighted_dots(sem.mult), precond=lambda r: dinv * r, tol=0.0,
-                   maxiter=a.iterations)
-
-    fn = jax.jit(run).lower(sem, b, dinv).compile()
-    jax.block_until_ready(fn(sem, b, dinv))
+    sem = poisson.bp_discretize(box_mesh((a.elements,) * 3, a.order, deform=0.1), spec.number)
+    run, args = bench.bp_run(spec, sem, a.iterations, a.impl)  # what jaxsem bench times
+    fn = jax.jit(run).lower(*args).compile()
+    jax.block_until_ready(fn(*args))
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:  # no CUDA driver here (a CPU machine): nothing to profile, just run
@@ -59,7 +48,7 @@ def main(argv=None):
     if cuda is not None:
         cuda.cuProfilerStart()
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(sem, b, dinv))
+    jax.block_until_ready(fn(*args))
     dt = time.perf_counter() - t0
     if cuda is not None:
         cuda.cuProfilerStop()

@@ -328,6 +328,23 @@ def bp_operator(spec, sem, impl: str = "auto"):
     return lambda u: sem.mask * sem.dssum(bk_apply(spec, u, sem.J, sem.Dt, sem.geom.G, sem.geom.B, impl=impl))
 
 
+def bp_run(spec, sem, iterations: int, impl: str = "auto"):
+    """BP ``spec``'s fixed-iteration PCG solve on ``sem`` as ``(run, args)``: ``run(*args)``
+    (jittable) does ``iterations`` Jacobi-PCG iterations (tol = 0) on b = load(f_manufactured)
+    and returns ``(x, PCGInfo)``; ``args = (sem, b, dinv)``, built here."""
+    k = spec.number
+    h1, h2 = poisson.coefficients(k)
+    b = poisson.load(sem, poisson.manufactured(k).f)
+    dinv = poisson.jacobi(sem, h1, h2)
+
+    def run(sem, b, dinv):
+        A = bp_operator(spec, sem, impl)
+        dots = weighted_dots(sem.mult, lambda s: allreduce_sum(s, sem.comm))  # sem.dots, one reduction
+        return pcg(A, b, dot=sem.dot, dots=dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
+
+    return run, (sem, b, dinv)
+
+
 def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, impl: str = "auto") -> dict:
     """Time ``iterations`` PCG iterations of BP ``spec`` on ``sem`` (see :func:`bench_bp`).
 
@@ -335,16 +352,9 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, i
     ``impl``: the element operator's kernel (:func:`bp_operator`).
     """
     k = spec.number
-    h1, h2 = poisson.coefficients(k)
-    b = poisson.load(sem, poisson.manufactured(k).f)
-    dinv = poisson.jacobi(sem, h1, h2)
-    args = (sem, b, dinv)
+    run, args = bp_run(spec, sem, iterations, impl)
+    b = args[1]
     jax.block_until_ready(args)
-
-    def run(sem, b, dinv):
-        A = bp_operator(spec, sem, impl)
-        dots = weighted_dots(sem.mult, lambda s: allreduce_sum(s, sem.comm))  # sem.dots, one reduction
-        return pcg(A, b, dot=sem.dot, dots=dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     _note(progress, "compiling...")
     t0 = time.perf_counter()

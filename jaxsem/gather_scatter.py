@@ -321,12 +321,7 @@ def gs_apply(plan: GatherScatter, u):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
         # u to (L, C) first, a full extra read and write of u (ncu, BP6 on an H100: 0.40 of 6.0 ms
         # per PCG iteration, experiments/results/profile_bp6_h100.json)
-        C, N = int(np.prod(lead)), plan.num_global
-        if plan.exchange is None:
-            return _gs_segment(u.reshape((C, -1)), plan.gid, N).reshape(shape)
-        it = plan.gid.dtype if C * N < 2**31 - 1 else jnp.int64
-        idx = (plan.gid.astype(it)[None, :] + (N * jnp.arange(C, dtype=it))[:, None]).reshape(-1)
-        s = jax.ops.segment_sum(u.reshape(-1), idx, num_segments=C * N).reshape((C, N))
+        s = _component_sums(u.reshape((int(np.prod(lead)), -1)), plan.gid, plan.num_global)
     elif lead:
         flat = u.reshape((-1, int(np.prod(shape[-4:]))))
         s = jax.vmap(lambda v: _qt(plan, v))(flat)
@@ -347,13 +342,17 @@ def gs_uses_kernel(plan: GatherScatter, u) -> bool:
     return plan.csr_off is not None and plan.exchange is None and _csr_kernel_ok(u)
 
 
-def _gs_segment(u2, gid, N):
-    """QQᵀ of ``u2: (C, L)`` as one ``segment_sum`` (component c's ids shifted by c·N)."""
+def _component_sums(u2, gid, N):
+    """Qᵀ of ``u2: (C, L)`` → ``(C, N)`` as one ``segment_sum`` (component c's ids shifted by c·N)."""
     C = u2.shape[0]
     it = gid.dtype if C * N < 2**31 - 1 else jnp.int64
     idx = (gid.astype(it)[None, :] + (N * jnp.arange(C, dtype=it))[:, None]).reshape(-1)
-    s = jax.ops.segment_sum(u2.reshape(-1), idx, num_segments=C * N).reshape((C, N))
-    return jnp.take(s, gid, axis=-1)
+    return jax.ops.segment_sum(u2.reshape(-1), idx, num_segments=C * N).reshape((C, N))
+
+
+def _gs_segment(u2, gid, N):
+    """QQᵀ of ``u2: (C, L)`` in the segment form (the CUDA gather's derivative)."""
+    return jnp.take(_component_sums(u2, gid, N), gid, axis=-1)
 
 
 def _csr_gather(u2, off, idx):

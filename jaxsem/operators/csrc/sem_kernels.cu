@@ -1139,40 +1139,27 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 // (C, L) E-vector gets the sum of its node's copies, idx[off[i]:off[i+1]] (every copy, itself
 // included, in one canonical order so all copies get bit-identical sums); off[i] = off[i+1]
 // marks a node with one copy, which keeps its value. No scatter, atomics or global array.
-// CC > 0: the component count at compile time (its loads issued together, before the row's
-// bounds are known); CC = 0: any C, one component at a time.
+// CC components (1 or 3) per launch, their loads issued together before the row's bounds are
+// known; the host launches it once per group of components.
 template <typename T, int CC>
-__global__ void gs_csr_kernel(int64_t L, int C, const T* __restrict__ u, const int32_t* __restrict__ off,
+__global__ void gs_csr_kernel(int64_t L, const T* __restrict__ u, const int32_t* __restrict__ off,
                               const int32_t* __restrict__ idx, T* __restrict__ w) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < L; i += int64_t(gridDim.x) * blockDim.x) {
-    if constexpr (CC > 0) {
-      T own[CC];
+    T own[CC];
 #pragma unroll
-      for (int c = 0; c < CC; ++c) own[c] = u[c * L + i];
-      const int32_t b = off[i], e = off[i + 1];
-      if (b != e) {
+    for (int c = 0; c < CC; ++c) own[c] = u[c * L + i];
+    const int32_t b = off[i], e = off[i + 1];
+    if (b != e) {
 #pragma unroll
-        for (int c = 0; c < CC; ++c) own[c] = 0;
-        for (int32_t j = b; j < e; ++j) {
-          const int64_t k = idx[j];
+      for (int c = 0; c < CC; ++c) own[c] = 0;
+      for (int32_t j = b; j < e; ++j) {
+        const int64_t k = idx[j];
 #pragma unroll
-          for (int c = 0; c < CC; ++c) own[c] += u[c * L + k];
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < CC; ++c) w[c * L + i] = own[c];
-    } else {
-      const int32_t b = off[i], e = off[i + 1];
-      for (int c = 0; c < C; ++c) {
-        const T* uc = u + c * L;
-        T s = uc[i];
-        if (b != e) {
-          s = 0;
-          for (int32_t j = b; j < e; ++j) s += uc[idx[j]];
-        }
-        w[c * L + i] = s;
+        for (int c = 0; c < CC; ++c) own[c] += u[c * L + k];
       }
     }
+#pragma unroll
+    for (int c = 0; c < CC; ++c) w[c * L + i] = own[c];
   }
 }
 
@@ -1194,12 +1181,15 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
   auto po = static_cast<const int32_t*>(off.untyped_data());
   auto pi = static_cast<const int32_t*>(idx.untyped_data());
   auto pw = static_cast<JAXSEM_REAL*>(w->untyped_data());
-  if (C == 1)
-    gs_csr_kernel<JAXSEM_REAL, 1><<<grid, threads, 0, st>>>(L, 1, pu, po, pi, pw);
-  else if (C == 3)
-    gs_csr_kernel<JAXSEM_REAL, 3><<<grid, threads, 0, st>>>(L, 3, pu, po, pi, pw);
-  else
-    gs_csr_kernel<JAXSEM_REAL, 0><<<grid, threads, 0, st>>>(L, int(C), pu, po, pi, pw);
+  for (int64_t c = 0; c < C;) {  // three components per launch, then one at a time
+    if (C - c >= 3) {
+      gs_csr_kernel<JAXSEM_REAL, 3><<<grid, threads, 0, st>>>(L, pu + c * L, po, pi, pw + c * L);
+      c += 3;
+    } else {
+      gs_csr_kernel<JAXSEM_REAL, 1><<<grid, threads, 0, st>>>(L, pu + c * L, po, pi, pw + c * L);
+      c += 1;
+    }
+  }
   return finish();
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
