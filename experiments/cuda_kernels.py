@@ -51,15 +51,25 @@ def inputs(key, E, order, op, components, dtype):
     return u, jnp.asarray(quad.J, dtype), jnp.asarray(quad.Dt, dtype), data
 
 
+def parse_impl(impl):
+    """``cuda[V][p|n]`` -> (variant or None for the default, prefetch: True/False/None)."""
+    body = impl[4:]
+    prefetch = {"p": True, "n": False}.get(body[-1:]) if body else None
+    if prefetch is not None:
+        body = body[:-1]
+    return (int(body) if body else None), prefetch
+
+
 def apply(op, impl, u, J, Dt, data):
-    """``impl``: einsum, pallas, cuda (default variant) or cuda1 … cuda9 (that variant)."""
-    if impl in tuple(f"cuda{v}" for v in ck.VARIANTS):
-        v = int(impl[4:])
+    """``impl``: einsum, pallas, or ``cuda[V][p|n]``: the CUDA kernels, variant V (default: the
+    operator's default variant), with the L2 prefetch on (p), off (n) or as default."""
+    if impl.startswith("cuda"):
+        v, pf = parse_impl(impl)
         if op == "mass":
-            return ck.mass_cuda(u, J, data, variant=v)
+            return ck.mass_cuda(u, J, data, variant=v, prefetch=pf)
         if op == "gll":
-            return ck.stiffness_gll_cuda(u, Dt, data, variant=v)
-        return ck.stiffness_cuda(u, J, Dt, data, variant=v)
+            return ck.stiffness_gll_cuda(u, Dt, data, variant=v, prefetch=pf)
+        return ck.stiffness_cuda(u, J, Dt, data, variant=v, prefetch=pf)
     if op == "mass":
         return mass_auto(u, J, data, impl=impl)
     if op == "gll":
@@ -68,8 +78,11 @@ def apply(op, impl, u, J, Dt, data):
 
 
 def has_variant(op, impl):
-    """False for ``cudaN`` where the kernel family of ``op`` has no variant N."""
-    return not impl[4:].isdigit() or int(impl[4:]) in ck._ALLOWED[{"gll": "bk5"}.get(op, op)]
+    """False for ``cudaV…`` where the kernel family of ``op`` has no variant V."""
+    if not impl.startswith("cuda"):
+        return True
+    v, _ = parse_impl(impl)
+    return v is None or v in ck._ALLOWED[{"gll": "bk5"}.get(op, op)]
 
 
 def check(orders, out, impls=("cuda1", "cuda2")):

@@ -66,6 +66,8 @@ def test_cuda_off_gpu_is_a_clear_error():
         ck.mass_cuda(u, J, B, variant=11)
     with pytest.raises(ValueError, match="variant must be one of"):
         ck.stiffness_gll_cuda(u, Dt, G, variant=9)  # Gauss kernels only
+    with pytest.raises(ValueError, match="prefetch must be"):
+        ck.mass_cuda(u, J, B, prefetch="yes")
     with pytest.raises(ValueError, match="n <= 16"):
         ck.stiffness_gll_cuda(jnp.zeros((2, 17, 17, 17)), jnp.eye(17), jnp.zeros((6, 2, 17, 17, 17)))
 
@@ -98,6 +100,34 @@ def test_every_variant_equal_to_einsum(variant, order):
     if variant in ck._ALLOWED["bk5"]:
         ug, _, Dg, _, Gg = _data(order, 11, comps=3, quad="gll")
         assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg, variant=variant), stiffness_gll(ug, Dg, Gg)) < 1e-13
+
+
+def test_prefetch_bit_rides_on_the_variant():
+    u = jnp.zeros((3, 5, 8, 8, 8))
+    assert ck._variant(9, True, "mass", u) == 9 | ck.PREFETCH_L2
+    assert ck._variant(9, False, "mass", u) == 9
+    assert ck._variant(None, None, "mass", u) == ck.default_variant("mass", 8, 3) | (
+        ck.PREFETCH_L2 if ck.default_prefetch("mass", 8, 3) else 0)
+    assert max(ck.VARIANTS) < ck.PREFETCH_L2  # the bit is free
+
+
+@gpu
+@pytest.mark.parametrize("variant", ck.VARIANTS)
+@pytest.mark.parametrize("order", [1, 7, 13])
+def test_prefetch_changes_nothing(variant, order):
+    """The L2 prefetch is a hint: with it on, every variant's result is bit-identical to off
+    (3 components, a ragged last block)."""
+    u, J, Dt, B, G = _data(order, 11, comps=3)
+    ug, _, Dg, _, Gg = _data(order, 11, comps=3, quad="gll")
+    calls = []
+    if variant in ck._ALLOWED["mass"]:
+        calls.append(lambda pf: ck.mass_cuda(u, J, B, variant=variant, prefetch=pf))
+    if variant in ck._ALLOWED["stiffness"]:
+        calls.append(lambda pf: ck.stiffness_cuda(u, J, Dt, G, variant=variant, prefetch=pf))
+    if variant in ck._ALLOWED["bk5"]:
+        calls.append(lambda pf: ck.stiffness_gll_cuda(ug, Dg, Gg, variant=variant, prefetch=pf))
+    for call in calls:
+        np.testing.assert_array_equal(np.asarray(call(True)), np.asarray(call(False)))
 
 
 @gpu

@@ -225,6 +225,24 @@ _VARIANT_VECTOR = {("bk5", 5): 10, ("bk5", 6): 10, ("bk5", 7): 10, ("bk5", 8): 4
                    ("stiffness", 15): 11}
 
 
+# L2 prefetch (csrc/sem_kernels.cu, prefetch_block): at block start one thread per geometric
+# factor and per component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older
+# GPUs and for variant 1). Bit PREFETCH_L2 of the FFI attribute "variant". On by default for the
+# (operator, n, vector form) below: the default variant with it beat the same without it by > 5% in
+# two A/B sweeps on an H100 (l2rt_orders_*_h100.json, l2rt2_orders_*_h100.json; BK1 and BK3 at
+# p = 7 also in l2pf_p7_*_h100.json). It lost up to 20% elsewhere (BK3 p = 2-6, BK5 p = 6-8).
+PREFETCH_L2 = 64
+_PREFETCH = {("mass", n, False): True for n in (2, 3, 5, 7, 8, 9, 10, 11, 12, 13, 15)}
+_PREFETCH.update({("mass", n, True): True for n in (3, 5, 6, 7, 11)})
+_PREFETCH.update({("stiffness", n, False): True for n in (8, 9, 12)})
+_PREFETCH.update({("bk5", n, True): True for n in (5, 6)})
+
+
+def default_prefetch(op: str, n: int, components: int = 1) -> bool:
+    """Whether ``op`` at n = p + 1 prefetches into L2 by default (:data:`_PREFETCH`)."""
+    return _PREFETCH.get((op, n, components > 1), False)
+
+
 def default_variant(op: str, n: int, components: int = 1) -> int:
     """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1 with ``components``
     fields per launch: the faster one measured on an H100, FP64 (2 unless :data:`_VARIANT` or,
@@ -235,7 +253,8 @@ def default_variant(op: str, n: int, components: int = 1) -> int:
 
 
 def _call(target: str, variant: int, u, *args):
-    """One launch on ``u`` with its leading axes flattened into C components."""
+    """One launch on ``u`` with its leading axes flattened into C components; ``variant`` may
+    carry the bit :data:`PREFETCH_L2`."""
     _register()
     E, n = u.shape[-4], u.shape[-1]
     u5 = u.reshape((-1, E, n, n, n))
@@ -275,14 +294,19 @@ def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference
     return _apply(*primals, op, variant), dw
 
 
-def _variant(variant, op, u):
+def _variant(variant, prefetch, op, u):
+    """The FFI attribute: the kernel variant (checked, or the default) with bit PREFETCH_L2."""
     n = u.shape[-1] if u.ndim else 0
+    comps = int(np.prod(u.shape[:-4], dtype=int)) if u.ndim >= 4 else 1
     if variant is None:
-        return default_variant(op, n, int(np.prod(u.shape[:-4], dtype=int)))
-    allowed = _ALLOWED[op]  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
-    if variant not in allowed:
-        raise ValueError(f"variant must be one of {allowed} for {op}, got {variant!r}")
-    return int(variant)
+        variant = default_variant(op, n, comps)
+    elif variant not in _ALLOWED[op]:  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
+        raise ValueError(f"variant must be one of {_ALLOWED[op]} for {op}, got {variant!r}")
+    if prefetch is None:
+        prefetch = default_prefetch(op, n, comps)
+    elif prefetch not in (True, False):
+        raise ValueError(f"prefetch must be True, False or None, got {prefetch!r}")
+    return int(variant) | (PREFETCH_L2 if prefetch else 0)
 
 
 def _entry(name, u, J, op):
@@ -295,23 +319,24 @@ def _entry(name, u, J, op):
                          f"(backend here: {jax.default_backend()}); use impl='einsum' or 'pallas'")
 
 
-def stiffness_gll_cuda(u, D, G, h1=None, variant=None):
+def stiffness_gll_cuda(u, D, G, h1=None, variant=None, prefetch=None):
     """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
 
     ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
-    ``variant``: one of :data:`VARIANTS` (default :func:`default_variant`).
+    ``variant``: one of :data:`VARIANTS` (default :func:`default_variant`); ``prefetch``: the
+    L2 prefetch at block start on or off (default :func:`default_prefetch`).
     """
-    v = _variant(variant, "bk5", u)
+    v = _variant(variant, prefetch, "bk5", u)
     _entry("stiffness_gll_cuda", u, None, "bk5")
     if h1 is not None:
         G = G * h1
     return _apply(u, D.astype(u.dtype), D.astype(u.dtype), G.astype(u.dtype), "bk5", v)
 
 
-def mass_cuda(u, J, B, h2=None, variant=None):
+def mass_cuda(u, J, B, h2=None, variant=None, prefetch=None):
     """BK1/BK2 ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (as :func:`mass`): ``J: (n + 1, n)``,
-    ``B: (E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, "mass", u)
+    ``B: (E, q, q, q)``; ``variant``, ``prefetch`` as :func:`stiffness_gll_cuda`."""
+    v = _variant(variant, prefetch, "mass", u)
     _entry("mass_cuda", u, J, "mass")
     if h2 is not None:
         B = B * h2
@@ -319,10 +344,10 @@ def mass_cuda(u, J, B, h2=None, variant=None):
     return _apply(u, J, J, B.astype(u.dtype), "mass", v)
 
 
-def stiffness_cuda(u, J, Dt, G, h1=None, variant=None):
+def stiffness_cuda(u, J, Dt, G, h1=None, variant=None, prefetch=None):
     """BK3/BK4 stiffness on q = n + 1 Gauss points (as :func:`stiffness`): ``J, Dt: (q, n)``,
-    ``G: (6, E, q, q, q)``; ``variant`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, "stiffness", u)
+    ``G: (6, E, q, q, q)``; ``variant``, ``prefetch`` as :func:`stiffness_gll_cuda`."""
+    v = _variant(variant, prefetch, "stiffness", u)
     _entry("stiffness_cuda", u, J, "stiffness")
     if h1 is not None:
         G = G * h1

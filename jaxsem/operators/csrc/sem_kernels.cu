@@ -257,6 +257,35 @@ __constant__ JAXSEM_REAL c_ops[ops_offset(17)];
 
 constexpr int OPT_CONST = 1, OPT_ROWS = 2, OPT_PREFETCH = 4;
 
+// Bit of the FFI attribute "variant" that turns prefetch_block on (cuda_kernels.PREFETCH_L2).
+constexpr int PREFETCH_L2 = 64;
+
+// L2 prefetch at block start (sm_90 bulk prefetch, a hint: no registers, no shared memory). The
+// kernels below wait on their global loads (Nsight Compute, H100: the long scoreboard is the top
+// stall at 25-37.5% occupancy), most of them the geometric factors read slice by slice inside a
+// stage and the next component's u. Thread f < F asks L2 for factor f of the block's EB elements
+// (each a contiguous range), thread F + c for component c of u; the loads then hit L2.
+__device__ __forceinline__ void l2_prefetch(const void* p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  // 16-byte aligned ends inside [a - 15, a + bytes): XLA's buffers start 64-byte aligned
+  const uintptr_t lo = a & ~uintptr_t(15), hi = (a + uintptr_t(bytes)) & ~uintptr_t(15);
+  if (hi > lo) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(unsigned(hi - lo)) : "memory");
+#endif
+}
+
+// u: (C, E, n³) with n3 words per element; g: F factors (E, m³) gstride apart (B: F = 1).
+template <int EB, typename T>
+__device__ __forceinline__ void prefetch_block(bool l2, int tid, int64_t E, int C, const T* u, int64_t n3,
+                                               const T* g, int F, int64_t gstride, int64_t m3) {
+  if (!l2) return;
+  const int64_t e0 = int64_t(blockIdx.x) * EB, ne = E - e0 < EB ? E - e0 : EB;
+  if (tid < F)
+    l2_prefetch(g + tid * gstride + e0 * m3, ne * m3 * int64_t(sizeof(T)));
+  else if (tid < F + C)
+    l2_prefetch(u + (tid - F) * E * n3 + e0 * n3, ne * n3 * int64_t(sizeof(T)));
+}
+
 // operator[] over constant memory at a compile-time offset (OFF: this order's slot)
 template <int OFF>
 struct ConstOps {
@@ -370,7 +399,7 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
 
 template <int N, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
-bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
+bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ D,
                    const T* __restrict__ G, T* __restrict__ w) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
@@ -381,6 +410,7 @@ bk5_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restric
   T* GR = U + n3;
   T* GS = GR + n3;
   const int lt = i + N * j;
+  prefetch_block<EB>(l2, lt + n2 * z, E, C, u, n3, G, 6, E * n3, n3);
   for (int t = lt + n2 * z; t < n2; t += n2 * EB) {
     sD[t] = D[t];
     sDt[(t % N) * N + t / N] = D[t];
@@ -508,7 +538,7 @@ __host__ __device__ constexpr int stiffness_region() {
 
 template <int N, int Q, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+mass_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ J,
                     const T* __restrict__ B, T* __restrict__ w) {
   constexpr int EB = elements_per_block<Q>();
   constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
@@ -516,6 +546,7 @@ mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restri
   const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
   T* A = sJ + Q * N + z * mass_region<N, Q>();
   T* Bf = A + N * N * Q;
+  prefetch_block<EB>(l2, a + Q * (b + Q * z), E, C, u, n3, B, 1, 0, q3);
   for (int t = a + Q * (b + Q * z); t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
@@ -538,7 +569,7 @@ mass_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restri
 
 template <int N, int Q, typename T, int MINB, int OPT>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
+stiffness_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ J,
                          const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
   constexpr int EB = elements_per_block<Q>();
   constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
@@ -553,6 +584,7 @@ stiffness_element_kernel(int64_t E, int C, const T* __restrict__ u, const T* __r
   T* GR = R + q3;
   T* GS = R + 2 * q3;
   const int tid = a + Q * (b + Q * z);
+  prefetch_block<EB>(l2, tid, E, C, u, n3, G, 6, E * q3, q3);
   for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
   for (int t = tid; t < Q * Q; t += Q * Q * EB) {
     sD[t] = Dq[t];
@@ -718,7 +750,7 @@ __device__ __forceinline__ void lines_back(JAXSEM_REAL* __restrict__ we, bool ac
 
 template <int N, int Q, int MINB>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-mass_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ B,
+mass_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ B,
                   JAXSEM_REAL* __restrict__ w) {
   using T = JAXSEM_REAL;
   constexpr int EB = elements_per_block<Q>();
@@ -726,6 +758,7 @@ mass_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAX
   const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
   T* A = reinterpret_cast<T*>(jaxsem_smem) + z * (lines_a_words<N, Q>() + lines_b_words<N, Q>());
   T* S = A + lines_a_words<N, Q>();
+  prefetch_block<EB>(l2, t + Q * Q * z, E, C, u, n3, B, 1, 0, q3);
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t ee = active ? e : 0;
@@ -743,7 +776,7 @@ mass_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAX
 // OPT_ROWS the D rows in registers).
 template <int N, int Q, int MINB, int OPT = OPT_CONST>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Dq,
+stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Dq,
                        const JAXSEM_REAL* __restrict__ G, JAXSEM_REAL* __restrict__ w) {
   using T = JAXSEM_REAL;
   constexpr int EB = elements_per_block<Q>();
@@ -759,6 +792,7 @@ stiffness_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, cons
   T* X = R;
   T* GR = R + q3;
   T* GS = R + 2 * q3;
+  prefetch_block<EB>(l2, t + Q * Q * z, E, C, u, n3, G, 6, E * q3, q3);
   for (int x = t + Q * Q * z; x < Q * Q; x += Q * Q * EB) {
     sD[x] = Dq[x];
     sDt[(x % Q) * Q + x / Q] = Dq[x];
@@ -860,7 +894,7 @@ __device__ __forceinline__ void collocated_lines(const JAXSEM_REAL (&x)[M], cons
 
 template <int N, int MINB>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
-bk5_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ G,
+bk5_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ G,
                  JAXSEM_REAL* __restrict__ w) {
   using T = JAXSEM_REAL;
   constexpr int EB = elements_per_block<N>();
@@ -870,6 +904,7 @@ bk5_lines_kernel(int64_t E, int C, const JAXSEM_REAL* __restrict__ u, const JAXS
   T* P1 = P0 + coll_words<N>();
   T* P2 = P1 + coll_words<N>();
   T* P3 = P2 + coll_words<N>();
+  prefetch_block<EB>(l2, t + n2 * z, E, C, u, n3, G, 6, E * n3, n3);
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t stride = E * n3;
@@ -898,6 +933,7 @@ struct Launch {
   cudaStream_t stream;
   int64_t E;
   int C;
+  bool l2;  // prefetch_block (the variant attribute's bit PREFETCH_L2; not variant 1)
 };
 
 template <typename K>
@@ -940,14 +976,14 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
     auto kernel = variant == 10 ? bk5_lines_kernel<N, 2> : bk5_lines_kernel<N, 0>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, G, w);
     return;
   }
   const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
   element_variant(variant, [&](auto minb, auto opt) {
     auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, D, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w);
   });
 }
 
@@ -967,7 +1003,7 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
                   : variant == 10 ? mass_lines_kernel<N, Q, 4>
                                   : mass_lines_kernel<N, Q, 0>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, B, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, B, w);
     return;
   }
   const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
@@ -975,7 +1011,7 @@ void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const 
     // only OPT_CONST applies to the mass (no collocated stage): 4 ≡ 6 and 5 ≡ 7
     auto kernel = mass_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value & OPT_CONST>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, B, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, J, B, w);
   });
 }
 
@@ -1000,14 +1036,14 @@ void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
                   : variant == 11 ? stiffness_lines_kernel<N, Q, 2, ROWS>
                                   : stiffness_lines_kernel<N, Q, 0>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, Dq, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w);
     return;
   }
   const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
   element_variant(variant, [&](auto minb, auto opt) {
     auto kernel = stiffness_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, u, J, Dq, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, J, Dq, G, w);
   });
 }
 
@@ -1055,7 +1091,8 @@ ffi::Error finish() {
 template <typename T>
 ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& D,
                      const ffi::AnyBuffer& G, ffi::Result<ffi::AnyBuffer>& w) {
-  Launch<T> L{st, s.E, int(s.C)};
+  Launch<T> L{st, s.E, int(s.C), (variant & PREFETCH_L2) != 0};
+  variant &= ~PREFETCH_L2;
   auto pu = static_cast<const T*>(u.untyped_data());
   auto pD = static_cast<const T*>(D.untyped_data());
   auto pG = static_cast<const T*>(G.untyped_data());
@@ -1069,7 +1106,8 @@ ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::An
 template <typename T>
 ffi::Error mass_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& J,
                       const ffi::AnyBuffer& B, ffi::Result<ffi::AnyBuffer>& w) {
-  Launch<T> L{st, s.E, int(s.C)};
+  Launch<T> L{st, s.E, int(s.C), (variant & PREFETCH_L2) != 0};
+  variant &= ~PREFETCH_L2;
   auto pu = static_cast<const T*>(u.untyped_data());
   auto pJ = static_cast<const T*>(J.untyped_data());
   auto pB = static_cast<const T*>(B.untyped_data());
@@ -1084,7 +1122,8 @@ template <typename T>
 ffi::Error stiffness_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u,
                            const ffi::AnyBuffer& J, const ffi::AnyBuffer& Dq, const ffi::AnyBuffer& G,
                            ffi::Result<ffi::AnyBuffer>& w) {
-  Launch<T> L{st, s.E, int(s.C)};
+  Launch<T> L{st, s.E, int(s.C), (variant & PREFETCH_L2) != 0};
+  variant &= ~PREFETCH_L2;
   auto pu = static_cast<const T*>(u.untyped_data());
   auto pJ = static_cast<const T*>(J.untyped_data());
   auto pDq = static_cast<const T*>(Dq.untyped_data());
