@@ -927,6 +927,131 @@ bk5_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, c
   }
 }
 
+// ==================================================== BK5/BK6 on the FP64 tensor cores (variant 12)
+// n = 8, FP64 only (cuda_kernels.py allows nothing else). One warp per element and no block barrier:
+// each of the six contractions (three derivatives, three transposed) is, per slice, an 8×8×8 matrix
+// product done as two DMMA m8n8k4 steps (mma.sync, sm_80+), 96 per element and component against
+// 24 k FMAs plus their shared-memory operand loads in the kernels above. Fragments (PTX ISA, f64
+// m8n8k4; lane l, g = l / 4, t = l % 4): A 8×4 row-major, lane holds A[g][t]; B 4×8, lane holds
+// B[t][g]; C 8×8, lane holds C[g][2t], C[g][2t + 1]. D is an operand in four registers: dA[s] =
+// D[g][4s + t] (A = D, or B = Dᵀ), dT[s] = D[4s + t][g] (A = Dᵀ, or B = D).
+//   ur_k = U_k Dᵀ, us_k = D U_k (k-slices; C lands on (k, j = g, a = 2t + e): layout L1, the points
+//   the lane owns for the pointwise stage and the output), ut_j = D U_{:, j, :} (j-slices; lands on
+//   (k = g, j, 2t + e), exchanged through shared memory to L1); then gr, gs, gt = G (ur, us, ut) at
+//   L1; wr_k = gr_k D, ws_k = Dᵀ gs_k (accumulated in L1), wt_j = Dᵀ gt_{:, j, :} (exchanged).
+// Shared memory: two buffers of 8 planes per warp; rows of MMA_RS doubles and planes of MMA_PS, so
+// the fragment loads (row g col t, and row t col g, of a slice or of a j-section) hit distinct banks.
+constexpr int MMA_RS = 12, MMA_PS = 8 * MMA_RS + 4, MMA_BUF = 8 * MMA_PS, MMA_WARPS = 4;
+
+__device__ __forceinline__ void dmma(double& c0, double& c1, double a, double b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
+               : "+d"(c0), "+d"(c1)
+               : "d"(a), "d"(b));
+#endif
+}
+
+__device__ __forceinline__ int mma_at(int k, int j, int i) { return k * MMA_PS + j * MMA_RS + i; }
+
+__global__ void __launch_bounds__(32 * MMA_WARPS, 3)
+bk5_mma_kernel(int64_t E, int C, bool l2, const double* __restrict__ u, const double* __restrict__ D,
+               const double* __restrict__ G, double* __restrict__ w) {
+  constexpr int n2 = 64, n3 = 512;
+  const int l = threadIdx.x, g = l >> 2, t = l & 3, z = threadIdx.y;
+  prefetch_block<MMA_WARPS>(l2, l + 32 * z, E, C, u, n3, G, 6, E * n3, n3);
+  const int64_t e = int64_t(blockIdx.x) * MMA_WARPS + z;
+  if (e >= E) return;  // a whole warp: no block barrier below
+  double* X = reinterpret_cast<double*>(jaxsem_smem) + z * 2 * MMA_BUF;
+  double* Y = X + MMA_BUF;
+  const double dA[2] = {D[g * 8 + t], D[g * 8 + 4 + t]};
+  const double dT[2] = {D[t * 8 + g], D[(4 + t) * 8 + g]};
+  const int64_t stride = E * n3;
+  for (int c = 0; c < C; ++c) {
+    const double* uc = u + c * stride + e * n3;
+    __syncwarp();  // the previous component's readers of X, Y are done
+#pragma unroll
+    for (int s = 0; s < 16; ++s) {
+      const int x = l + 32 * s;
+      X[mma_at(x >> 6, (x >> 3) & 7, x & 7)] = uc[x];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // ut[k][j][a] = Σ_m D[k][m] U[m][j][a], as (k×a) per j
+      double c0 = 0, c1 = 0;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) dmma(c0, c1, dA[s], X[mma_at(4 * s + t, j, g)]);
+      Y[mma_at(g, j, 2 * t)] = c0;
+      Y[mma_at(g, j, 2 * t + 1)] = c1;
+    }
+    __syncwarp();  // ut in Y
+    double gt[8][2];
+    const double2* gp = reinterpret_cast<const double2*>(G + e * n3 + g * 8 + 2 * t);
+    double2 gn[6];  // plane k + 1's factors, loaded while plane k computes
+#pragma unroll
+    for (int f = 0; f < 6; ++f) gn[f] = gp[f * (stride / 2)];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      double2 gc[6];
+#pragma unroll
+      for (int f = 0; f < 6; ++f) gc[f] = gn[f];
+      if (k < 7) {
+#pragma unroll
+        for (int f = 0; f < 6; ++f) gn[f] = gp[(k + 1) * (n2 / 2) + f * (stride / 2)];
+      }
+      double ur[2] = {0, 0}, us[2] = {0, 0};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        dmma(ur[0], ur[1], X[mma_at(k, g, 4 * s + t)], dA[s]);  // U_k (j×m) · Dᵀ (m×a)
+        dmma(us[0], us[1], dA[s], X[mma_at(k, 4 * s + t, g)]);  // D (j×m) · U_k (m×a)
+      }
+      __syncwarp();  // plane k of U read by every lane: gr may overwrite it
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int at = mma_at(k, g, 2 * t + q);
+        const double g0 = q ? gc[0].y : gc[0].x, g1 = q ? gc[1].y : gc[1].x, g2 = q ? gc[2].y : gc[2].x,
+                     g3 = q ? gc[3].y : gc[3].x, g4 = q ? gc[4].y : gc[4].x, g5 = q ? gc[5].y : gc[5].x;
+        const double r = ur[q], s_ = us[q], tt = Y[at];
+        X[at] = g0 * r + g1 * s_ + g2 * tt;  // gr
+        Y[at] = g1 * r + g3 * s_ + g4 * tt;  // gs (this lane read ut here just before)
+        gt[k][q] = g2 * r + g4 * s_ + g5 * tt;
+      }
+    }
+    __syncwarp();  // gr in X, gs in Y
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      double a0 = 0, a1 = 0;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        dmma(a0, a1, X[mma_at(k, g, 4 * s + t)], dT[s]);  // gr_k (j×a) · D (a×i)
+        dmma(a0, a1, dT[s], Y[mma_at(k, 4 * s + t, g)]);  // Dᵀ (j×b) · gs_k (b×i)
+      }
+      __syncwarp();  // plane k of gr read by every lane
+      X[mma_at(k, g, 2 * t)] = a0;
+      X[mma_at(k, g, 2 * t + 1)] = a1;
+    }
+    __syncwarp();  // gs read: gt takes its place
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      Y[mma_at(k, g, 2 * t)] = gt[k][0];
+      Y[mma_at(k, g, 2 * t + 1)] = gt[k][1];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // wt[k][j][i] = Σ_c D[c][k] gt[c][j][i], as (k×i) per j, added to X
+      double c0 = 0, c1 = 0;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) dmma(c0, c1, dT[s], Y[mma_at(4 * s + t, j, g)]);
+      X[mma_at(g, j, 2 * t)] += c0;
+      X[mma_at(g, j, 2 * t + 1)] += c1;
+    }
+    __syncwarp();
+    double* wc = w + c * stride + e * n3 + g * 8 + 2 * t;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      *reinterpret_cast<double2*>(wc + k * n2) = make_double2(X[mma_at(k, g, 2 * t)], X[mma_at(k, g, 2 * t + 1)]);
+  }
+}
+
 // ------------------------------------------------------------------------- dispatch
 template <typename T>
 struct Launch {
@@ -969,6 +1094,15 @@ void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (variant == 1) {
     bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
+    return;
+  }
+  if (variant == 12) {  // FP64 tensor cores, n = 8 only (cuda_kernels.py checks)
+    if constexpr (N == 8 && std::is_same_v<T, double>) {
+      const size_t smem = sizeof(double) * MMA_WARPS * 2 * MMA_BUF;
+      allow_smem(bk5_mma_kernel, smem);
+      bk5_mma_kernel<<<unsigned((L.E + MMA_WARPS - 1) / MMA_WARPS), dim3(32, MMA_WARPS), smem, L.stream>>>(
+          L.E, L.C, L.l2, u, D, G, w);
+    }
     return;
   }
   if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
