@@ -191,11 +191,11 @@ def cuda_supported(u, J=None) -> bool:
 # three blocks per multiprocessor. 11 (BK3/BK4): as 8 with the collocated stage's D rows in
 # registers, capped for two blocks. 10: as 8 with registers capped for more blocks per
 # multiprocessor (BK5/BK6: two; mass: four). Measured and dropped (caps_{p7,bk5}_h100.json): BK5 7
-# capped for three blocks, BK3 8 capped for four, the mass with B read once for all components.
-# 12 (BK5/BK6, n = 8 and float64 only): one warp per element, every contraction on the FP64 tensor
-# cores (DMMA m8n8k4), no block barrier.
-VARIANTS = tuple(range(1, 13))
-_ALLOWED = {"bk5": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12), "mass": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+# capped for three blocks, BK3 8 capped for four, the mass with B read once for all components;
+# BK5/BK6 at n = 8 on the FP64 tensor cores (DMMA, one warp per element, commit 46c5484): BK5 at the
+# copy ceiling like the default, BK6 30.4 against 36.2 GDOF/s (mma_p7_{a,b,c}_h100.json).
+VARIANTS = tuple(range(1, 12))
+_ALLOWED = {"bk5": (1, 2, 3, 4, 5, 6, 7, 8, 10), "mass": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
             "stiffness": (2, 3, 4, 5, 6, 7, 8, 9, 11)}
 
 
@@ -304,8 +304,6 @@ def _variant(variant, prefetch, op, u):
         variant = default_variant(op, n, comps)
     elif variant not in _ALLOWED[op]:  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
         raise ValueError(f"variant must be one of {_ALLOWED[op]} for {op}, got {variant!r}")
-    elif variant == 12 and (n != 8 or u.dtype != jnp.float64):
-        raise ValueError(f"variant 12 (FP64 tensor cores) needs n = 8 and float64, got n = {n}, {u.dtype}")
     if prefetch is None:
         prefetch = default_prefetch(op, n, comps)
     elif prefetch not in (True, False):
