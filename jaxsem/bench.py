@@ -208,7 +208,8 @@ def bench_bk(
         elsewhere), ``"einsum"`` or ``"fused"``/``"pallas"``; the result's
         ``impl`` says which one ran.
 
-    Returns a dict: problem, order, elements, num_elements, components, points,
+    Returns a dict: problem, impl [, cuda_variant, cuda_prefetch where impl is "cuda"], order,
+    elements, num_elements, components, points,
     dofs, dtype, deform, iterations (1), repeats, inner (applies per timed sample), seconds,
     seconds_min, times, setup_seconds, compile_seconds, dofs_per_second
     (dofs / seconds), bytes_per_dof, bytes_per_second [, bandwidth,
@@ -246,6 +247,18 @@ def _impl_used(spec, impl, u, J=None):
     return bk_impl(spec, u, J, impl)
 
 
+def _kernel_record(spec, used: str, u) -> dict:
+    """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
+    (the defaults of :mod:`jaxsem.operators.cuda_kernels` for this operator, n and components)."""
+    if used != "cuda":
+        return {}
+    from .operators import cuda_kernels as ck
+
+    op = "bk5" if spec.quadrature == "gll" else spec.operator
+    n, comps = int(u.shape[-1]), spec.components
+    return dict(cuda_variant=ck.default_variant(op, n, comps), cuda_prefetch=ck.default_prefetch(op, n, comps))
+
+
 BK_INNER = 5  # applies per timed BK sample, dispatched back to back (see _time)
 
 
@@ -276,8 +289,9 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: st
     E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
     points = E * sem.order**3
     dofs = spec.components * points
+    used = _impl_used(spec, impl, u, sem.J)
     return dict(
-        problem=f"bk{spec.number}", impl=_impl_used(spec, impl, u, sem.J), order=sem.order, num_elements=E,
+        problem=f"bk{spec.number}", impl=used, **_kernel_record(spec, used, u), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(dt).name,
         iterations=1, repeats=repeats, inner=inner, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs / seconds,
@@ -370,8 +384,9 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, i
     points = E * sem.order**3
     dofs = spec.components * points
     r0 = float(info.residual0)
+    used = _impl_used(spec, impl, b, sem.J)
     return dict(
-        problem=f"bp{k}", impl=_impl_used(spec, impl, b, sem.J), order=sem.order, num_elements=E,
+        problem=f"bp{k}", impl=used, **_kernel_record(spec, used, b), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

@@ -39,6 +39,25 @@ def test_bench_bp(k):
     assert r["percent_of_ceiling"] == pytest.approx(100 * r["dofs_per_second"] / r["ceiling_dofs_per_second"])
 
 
+def test_cuda_kernel_record():
+    """Rows of the CUDA kernels name the variant and L2 prefetch the defaults chose; others
+    carry neither key (on a CPU bench_bk runs einsum)."""
+    import jax.numpy as jnp
+
+    from jaxsem.operators import cuda_kernels as ck
+    from jaxsem.operators.bk import BK_SPECS
+
+    u1, u3 = jnp.zeros((4, 8, 8, 8)), jnp.zeros((3, 4, 8, 8, 8))
+    assert bench._kernel_record(BK_SPECS[1], "cuda", u1) == dict(
+        cuda_variant=ck.default_variant("mass", 8, 1), cuda_prefetch=ck.default_prefetch("mass", 8, 1))
+    assert bench._kernel_record(BK_SPECS[6], "cuda", u3) == dict(
+        cuda_variant=ck.default_variant("bk5", 8, 3), cuda_prefetch=ck.default_prefetch("bk5", 8, 3))
+    assert bench._kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
+    assert bench._kernel_record(BK_SPECS[5], "einsum", u1) == {}
+    r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, impl="einsum")
+    assert "cuda_variant" not in r and "cuda_prefetch" not in r
+
+
 def test_bench_dispatch_and_float32():
     r = bench.bench("BP3", ORDER, ELEMENTS, iterations=2, repeats=1, dtype="float32")
     assert r["problem"] == "bp3" and r["dtype"] == "float32" and r["iterations"] == 2
