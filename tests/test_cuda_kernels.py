@@ -48,9 +48,15 @@ def test_default_variants_exist_for_their_operator():
     for op in ck._ALLOWED:
         for n in range(2, ck.MAX_N + 1):
             for comps in (1, 3):
-                assert ck.default_variant(op, n, comps) in ck._ALLOWED[op], (op, n, comps)
+                for dt in ("float64", "float32"):
+                    assert ck.default_variant(op, n, comps, dt) in ck._ALLOWED[op], (op, n, comps, dt)
     assert ck.default_variant("mass", 8, 3) == 10 and ck.default_variant("mass", 8, 1) == 9
     assert ck.default_variant("bk5", 6, 3) == 10 and ck.default_variant("bk5", 6, 1) == 6
+    # FP32 has its own winners: BK6 at p = 7 by lines with the prefetch, FP64 the element kernel
+    assert ck.default_variant("bk5", 8, 3, "float32") == 10 and ck.default_prefetch("bk5", 8, 3, "float32")
+    assert ck.default_variant("bk5", 8, 3, "float64") == 4 and not ck.default_prefetch("bk5", 8, 3)
+    u32 = jnp.zeros((3, 2, 8, 8, 8), jnp.float32)
+    assert ck._variant(None, None, "bk5", u32) == 10 | ck.PREFETCH_L2
 
 
 @pytest.mark.skipif(ck.cuda_available(), reason="checks the error off GPU")

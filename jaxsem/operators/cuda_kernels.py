@@ -240,15 +240,38 @@ _PREFETCH.update({("stiffness", n, False): True for n in (8, 9, 12)})
 _PREFETCH.update({("bk5", n, True): True for n in (5, 6)})
 
 
-def default_prefetch(op: str, n: int, components: int = 1) -> bool:
-    """Whether ``op`` at n = p + 1 prefetches into L2 by default (:data:`_PREFETCH`)."""
+# FP32 (operator, n, vector form) -> (variant, prefetch) where it differs from the FP64 tables: the
+# one that beat the FP64 default by > 5% in two sweeps of p = 1…15 on an H100, FP32
+# (f32_variants_r{1,2}_h100.json at p = 7 over every variant; f32_orders_bk{2,4,5,6}_r{1,2}_h100.json
+# over the orders). FP32 halves the registers and shared memory per value, so the kernels by lines
+# (8-10) win more often: BK6 p = 7 +28%, BK5 p = 7 +22%, BK4 p = 13-14 +65%.
+_FP32 = {("bk5", 8, False): (8, False), ("bk5", 9, False): (8, False), ("bk5", 10, False): (6, False)}
+_FP32.update({("bk5", n, True): (10, True) for n in (4, 7, 8, 9, 10, 11, 12, 13)})
+_FP32.update({("stiffness", n, True): (8, True) for n in (2, 3, 6, 7, 8, 9, 12, 13, 14, 15)})
+_FP32.update({("stiffness", 5, True): (9, True), ("stiffness", 11, True): (9, True)})
+_FP32.update({("mass", 8, True): (10, True), ("mass", 9, True): (9, True), ("mass", 10, True): (9, True),
+              ("mass", 12, True): (9, True)})
+
+
+def _fp32(dtype) -> bool:
+    return dtype is not None and np.dtype(dtype) == np.float32
+
+
+def default_prefetch(op: str, n: int, components: int = 1, dtype="float64") -> bool:
+    """Whether ``op`` at n = p + 1 prefetches into L2 by default (:data:`_PREFETCH`; FP32:
+    :data:`_FP32` first)."""
+    if _fp32(dtype) and (op, n, components > 1) in _FP32:
+        return _FP32[op, n, components > 1][1]
     return _PREFETCH.get((op, n, components > 1), False)
 
 
-def default_variant(op: str, n: int, components: int = 1) -> int:
+def default_variant(op: str, n: int, components: int = 1, dtype="float64") -> int:
     """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1 with ``components``
     fields per launch: the faster one measured on an H100, FP64 (2 unless :data:`_VARIANT` or,
-    for several components, :data:`_VARIANT_VECTOR` says otherwise)."""
+    for several components, :data:`_VARIANT_VECTOR` says otherwise); FP32 (``dtype``) takes
+    :data:`_FP32` first."""
+    if _fp32(dtype) and (op, n, components > 1) in _FP32:
+        return _FP32[op, n, components > 1][0]
     if components > 1 and (op, n) in _VARIANT_VECTOR:
         return _VARIANT_VECTOR[op, n]
     return _VARIANT.get((op, n), 2)
@@ -301,11 +324,11 @@ def _variant(variant, prefetch, op, u):
     n = u.shape[-1] if u.ndim else 0
     comps = int(np.prod(u.shape[:-4], dtype=int)) if u.ndim >= 4 else 1
     if variant is None:
-        variant = default_variant(op, n, comps)
+        variant = default_variant(op, n, comps, u.dtype)
     elif variant not in _ALLOWED[op]:  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
         raise ValueError(f"variant must be one of {_ALLOWED[op]} for {op}, got {variant!r}")
     if prefetch is None:
-        prefetch = default_prefetch(op, n, comps)
+        prefetch = default_prefetch(op, n, comps, u.dtype)
     elif prefetch not in (True, False):
         raise ValueError(f"prefetch must be True, False or None, got {prefetch!r}")
     return int(variant) | (PREFETCH_L2 if prefetch else 0)
