@@ -5,8 +5,9 @@ operators (one element per N×N — or, on Gauss points, Q×Q — thread layer, 
 k-column in registers, the other directions through shared memory) and variants
 of it (:data:`VARIANTS`): operator matrices in constant memory, and kernels "by
 lines" where each thread owns a whole line of the direction being contracted and
-shared memory only hands values between owners. The fastest variant per operator
-and order measured on an H100 is the default (:func:`default_variant`). Unlike
+shared memory only hands values between owners; and an L2 prefetch of each block's
+data at its start. The fastest variant per operator, order and precision measured on
+an H100 is the default (:func:`default_variant`, :func:`default_prefetch`). Unlike
 the Pallas/Triton kernels (:mod:`jaxsem.operators.fused`), nothing is padded to
 powers of two, so every order p = 1…15 runs at its true size.
 
