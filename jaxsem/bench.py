@@ -249,14 +249,13 @@ def _impl_used(spec, impl, u, J=None):
 
 def _kernel_record(spec, used: str, u) -> dict:
     """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
-    (the defaults of :mod:`jaxsem.operators.cuda_kernels` for this operator, n, components, dtype)."""
+    (:func:`jaxsem.operators.cuda_kernels.defaults` for this operator and ``u``)."""
     if used != "cuda":
         return {}
     from .operators import cuda_kernels as ck
 
-    op = "bk5" if spec.quadrature == "gll" else spec.operator
-    n, comps, dt = int(u.shape[-1]), spec.components, u.dtype
-    return dict(cuda_variant=ck.default_variant(op, n, comps, dt), cuda_prefetch=ck.default_prefetch(op, n, comps, dt))
+    variant, prefetch = ck.defaults("bk5" if spec.quadrature == "gll" else spec.operator, u)
+    return dict(cuda_variant=variant, cuda_prefetch=prefetch)
 
 
 BK_INNER = 5  # applies per timed BK sample, dispatched back to back (see _time)

@@ -231,14 +231,14 @@ _VARIANT_VECTOR = {("bk5", 5): 10, ("bk5", 6): 10, ("bk5", 7): 10, ("bk5", 8): 4
 # L2 prefetch (csrc/sem_kernels.cu, prefetch_block): at block start one thread per geometric
 # factor and per component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older
 # GPUs and for variant 1). Bit PREFETCH_L2 of the FFI attribute "variant". On by default for the
-# (operator, n, vector form) below: the default variant with it beat the same without it by > 5% in
+# (operator, n, vector form) listed below: the default variant with it beat the same without it by > 5% in
 # two A/B sweeps on an H100 (l2rt_orders_*_h100.json, l2rt2_orders_*_h100.json; BK1 and BK3 at
 # p = 7 also in l2pf_p7_*_h100.json). It lost up to 20% elsewhere (BK3 p = 2-6, BK5 p = 6-8).
 PREFETCH_L2 = 64
-_PREFETCH = {("mass", n, False): True for n in (2, 3, 5, 7, 8, 9, 10, 11, 12, 13, 15)}
-_PREFETCH.update({("mass", n, True): True for n in (3, 5, 6, 7, 11)})
-_PREFETCH.update({("stiffness", n, False): True for n in (8, 9, 12)})
-_PREFETCH.update({("bk5", n, True): True for n in (5, 6)})
+_PREFETCH = frozenset({("mass", n, False) for n in (2, 3, 5, 7, 8, 9, 10, 11, 12, 13, 15)}
+                      | {("mass", n, True) for n in (3, 5, 6, 7, 11)}
+                      | {("stiffness", n, False) for n in (8, 9, 12)}
+                      | {("bk5", n, True) for n in (5, 6)})
 
 
 # FP32 (operator, n, vector form) -> (variant, prefetch) where it differs from the FP64 tables: the
@@ -263,7 +263,7 @@ def default_prefetch(op: str, n: int, components: int = 1, dtype="float64") -> b
     :data:`_FP32` first)."""
     if _fp32(dtype) and (op, n, components > 1) in _FP32:
         return _FP32[op, n, components > 1][1]
-    return _PREFETCH.get((op, n, components > 1), False)
+    return (op, n, components > 1) in _PREFETCH
 
 
 def default_variant(op: str, n: int, components: int = 1, dtype="float64") -> int:
@@ -276,6 +276,14 @@ def default_variant(op: str, n: int, components: int = 1, dtype="float64") -> in
     if components > 1 and (op, n) in _VARIANT_VECTOR:
         return _VARIANT_VECTOR[op, n]
     return _VARIANT.get((op, n), 2)
+
+
+def defaults(op: str, u) -> tuple[int, bool]:
+    """``(variant, prefetch)`` the kernel functions take for ``u: (..., E, n, n, n)`` when not
+    told: :func:`default_variant` and :func:`default_prefetch` at its n, components and dtype."""
+    n = u.shape[-1]
+    comps = int(np.prod(u.shape[:-4], dtype=int)) if u.ndim >= 4 else 1
+    return default_variant(op, n, comps, u.dtype), default_prefetch(op, n, comps, u.dtype)
 
 
 def _call(target: str, variant: int, u, *args):
@@ -322,14 +330,13 @@ def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference
 
 def _variant(variant, prefetch, op, u):
     """The FFI attribute: the kernel variant (checked, or the default) with bit PREFETCH_L2."""
-    n = u.shape[-1] if u.ndim else 0
-    comps = int(np.prod(u.shape[:-4], dtype=int)) if u.ndim >= 4 else 1
+    default_v, default_pf = defaults(op, u) if u.ndim else (2, False)
     if variant is None:
-        variant = default_variant(op, n, comps, u.dtype)
+        variant = default_v
     elif variant not in _ALLOWED[op]:  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
         raise ValueError(f"variant must be one of {_ALLOWED[op]} for {op}, got {variant!r}")
     if prefetch is None:
-        prefetch = default_prefetch(op, n, comps, u.dtype)
+        prefetch = default_pf
     elif prefetch not in (True, False):
         raise ValueError(f"prefetch must be True, False or None, got {prefetch!r}")
     return int(variant) | (PREFETCH_L2 if prefetch else 0)
