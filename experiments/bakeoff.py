@@ -7,9 +7,9 @@ jaxsem's einsum reference operators: for each order p, a box mesh of about
 one discretization per quadrature/boundary-condition kind shared by the BK
 and BP of the same number, then BK (one element-operator apply) and BP
 (100 Jacobi-PCG iterations with gather–scatter and weighted dot products) timed
-with the jitted functions of :mod:`jaxsem.bench`. The device's copy bandwidth
+with the jitted functions of :mod:`jaxsem.app.bench`. The device's copy bandwidth
 is measured in the same run and every rate is also given as % of its
-bandwidth ceiling (bytes per DOF from :func:`jaxsem.bench.bytes_per_dof`).
+bandwidth ceiling (bytes per DOF from :func:`jaxsem.app.bench.bytes_per_dof`).
 
     python experiments/bakeoff.py --orders 1-15 --target-points 4e6 --out results/bakeoff_h100.json
     python experiments/bakeoff.py --plot results/bakeoff_h100.json    # PNG beside the JSON
@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 import jaxsem
-from jaxsem import bench
+from jaxsem.app import bench
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 from jaxsem.operators.bk import BK_SPECS
 
 

@@ -5,9 +5,9 @@ reference on fresh random data (a ragged element count, the output buffer
 poisoned with NaN so unwritten points show), then timings at a saturating size
 (E·p³ ≈ ``--target-dofs``): median over ``--repeats`` samples of ``--inner``
 back-to-back applies, each sample ended by ``block_until_ready``. The copy
-bandwidth is measured in the same run (:func:`jaxsem.bench.measure_bandwidth`)
+bandwidth is measured in the same run (:func:`jaxsem.app.bench.measure_bandwidth`)
 and each rate is also given as % of the bandwidth ceiling, bytes per DOF from
-:func:`jaxsem.bench.bytes_per_dof` (BK5, FP64 p = 7: 95.5 B/DOF).
+:func:`jaxsem.app.bench.bytes_per_dof` (BK5, FP64 p = 7: 95.5 B/DOF).
 
 Variants (see jaxsem/operators/fused.py): ``einsum`` (the reference chain,
 XLA), ``bcast`` (one element per program, broadcast-and-sum), ``kron`` (dense
@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import basis, bench
+from jaxsem import basis
+from jaxsem.app import bench
 from jaxsem.operators.fused import (
     FusedConfig, _check_config, _fused_apply, default_config, stiffness_gll_fused,
 )
@@ -116,7 +117,7 @@ def check(cfg, order, dtype, E, key, interpret):
 
 def time_fn(fn, args, repeats, inner):
     """Compile ``fn`` (compile seconds include the first call), warm it up once more, then
-    :func:`jaxsem.bench._time` it. Returns (last output, compile seconds, seconds per apply list)."""
+    :func:`jaxsem.app.bench._time` it. Returns (last output, compile seconds, seconds per apply list)."""
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     jax.block_until_ready(compiled(*args))
@@ -138,7 +139,7 @@ def run(args):
         jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
         command="python " + " ".join(sys.argv), date=time.strftime("%Y-%m-%d %H:%M:%S"),
         interpret=interpret, bandwidth_bytes_per_second=bw,
-        bandwidth_note="jaxsem.bench.measure_bandwidth(): float32 read+write stream, 1 GiB, median of 5",
+        bandwidth_note="jaxsem.app.bench.measure_bandwidth(): float32 read+write stream, 1 GiB, median of 5",
         target_dofs=args.target_dofs, check_elements=args.check_elements,
         repeats=args.repeats, inner=args.inner, rows=[],
     )

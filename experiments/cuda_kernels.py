@@ -8,9 +8,9 @@ registers, nothing padded to powers of two). This script, on one GPU:
    element count (E = 37), orders 1…15, FP64 (and FP32 against the FP64 reference),
    scalar and 3-component forms;
 3. times BK1–BK6 per order (median of ``--repeats`` samples of ``--inner`` back-to-back
-   applies, :func:`jaxsem.bench._time`) at E·p³ ≈ ``--target-dofs`` for ``--impls``,
+   applies, :func:`jaxsem.app.bench._time`) at E·p³ ≈ ``--target-dofs`` for ``--impls``,
    against the copy ceiling measured in the same run (bytes per DOF:
-   :func:`jaxsem.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
+   :func:`jaxsem.app.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
 
     python experiments/cuda_kernels.py --out $OUT/cuda_kernels_h100.json
     python experiments/cuda_kernels.py --plot-only cuda_kernels_h100.json   # the PNG again
@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import bench, geometry
-from jaxsem.operators import cuda_kernels as ck
+from jaxsem import geometry
+from jaxsem.app import bench
+from jaxsem.backends import cuda as ck
 from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
 
 PROBLEMS = {"bk1": ("mass", 1), "bk2": ("mass", 3), "bk3": ("stiffness", 1), "bk4": ("stiffness", 3),

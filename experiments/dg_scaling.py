@@ -97,8 +97,8 @@ def schedule_evidence(hlo_text: str) -> dict:
 
 def _setup(a, elements, comm=None, P=1):
     """(dg, args, y0, f, exchange_payload) for one size; dg sharded when a.backend == 'shard'."""
-    from jaxsem import shard
-    from jaxsem.dg import discretize_dg
+    from jaxsem.discretization import shard
+    from jaxsem.discretization.dg import discretize_dg
     from jaxsem.mesh import box_mesh
     from jaxsem.models import advection as ad
     from jaxsem.models import maxwell as mx
@@ -145,10 +145,10 @@ def _rhs(a, schedule):
 
 
 def run(a):
-    from jaxsem import shard
+    from jaxsem.discretization import shard
     from jaxsem import timestepping as ts
-    from jaxsem.comm import get_comm
-    from jaxsem.dg import face_exchange, faces
+    from jaxsem.parallel.comm import get_comm
+    from jaxsem.discretization.dg import face_exchange, faces
 
     comm = get_comm() if a.backend == "mpi" else None
     plist = [comm.size] if comm is not None else [int(v) for v in str(a.devices).split(",")]

@@ -27,7 +27,7 @@ def sizes_from(text):
 
 
 def bench_mpi(sizes, reps, repeats):
-    from jaxsem.comm import get_comm, sendrecv
+    from jaxsem.parallel.comm import get_comm, sendrecv
 
     comm = get_comm()
     assert comm.size == 2, f"run under mpirun -n 2 (size {comm.size})"

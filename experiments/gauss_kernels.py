@@ -5,9 +5,9 @@ quadrature tile, else 8) was chosen from register counts on a CPU; this sweep ti
 (gauss_kernels*_h100.json, which set the mass exceptions ``MASS_CONFIGS``). It times it against other ``eb/num_warps[/sS]`` choices (S: Triton num_stages) and the
 einsum chain, per problem and order: first a correctness check of every configuration
 against the einsum reference on a ragged element count, then the median over
-``--repeats`` samples of ``--inner`` back-to-back applies (:func:`jaxsem.bench._time`) at
+``--repeats`` samples of ``--inner`` back-to-back applies (:func:`jaxsem.app.bench._time`) at
 E·p³ ≈ ``--target-dofs``, with % of the copy-bandwidth ceiling measured in the same run
-(bytes per DOF: :func:`jaxsem.bench.bytes_per_dof`). Rows are written to ``--out`` as
+(bytes per DOF: :func:`jaxsem.app.bench.bytes_per_dof`). Rows are written to ``--out`` as
 they come; a ``--budget-seconds`` guard stops starting new items.
 
     # GPU (one call):
@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import bench, geometry
+from jaxsem import geometry
+from jaxsem.app import bench
 from jaxsem.operators.fused import (
     FusedConfig, _default_interpret, default_config_gauss, mass_fused, stiffness_fused,
 )

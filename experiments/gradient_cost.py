@@ -9,7 +9,7 @@ Three measurements, each compiled first and timed after a warm-up (median of
    ``(E, n, n, n)`` and the source f ``(E, n, n, n)`` — one adjoint PCG solve
    plus the parameter terms (``lax.custom_linear_solve``). The ideal ratio is ~2.
 2. **RK** (SEDG Maxwell, PEC cavity, LSERK4, ``--steps`` steps;
-   :func:`jaxsem.timestepping.integrate`): the forward loop vs
+   :func:`jaxsem.solvers.timestepping.integrate`): the forward loop vs
    ``value_and_grad`` of the final electric energy w.r.t. a per-element ε
    ``(E,)``, with a plain ``lax.scan`` (every step's residuals stored) and with
    ``checkpoint_every="sqrt"`` (chunks recomputed: one more forward pass).
@@ -47,9 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import bench
+from jaxsem.app import bench
 from jaxsem import timestepping as ts
-from jaxsem.dg import discretize_dg
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 from jaxsem.models import poisson

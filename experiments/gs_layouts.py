@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem.gather_scatter import LAYOUTS, gs_apply, gs_uses_kernel, make_gs
+from jaxsem.discretization.gather_scatter import LAYOUTS, gs_apply, gs_uses_kernel, make_gs
 from jaxsem.mesh import box_mesh
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 
 
 def timed(fn, x, repeats):

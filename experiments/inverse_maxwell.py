@@ -16,7 +16,7 @@ compatible pulse).
 Observations: the three components of E at 8 probe points (the 6 midpoints
 of the inclusion's edges at z = 0.5 and on its top/bottom faces, and two wall
 centres; element vertices, so GLL nodes of every order,
-:func:`jaxsem.inverse.probe_nodes`), sampled ``samples`` times in (0, T],
+:func:`jaxsem.models.inverse.probe_nodes`), sampled ``samples`` times in (0, T],
 T = ``t_final``; data d = model(ε_true) + σξ, σ = ``noise`` × max|d|, ξ ~ N(0, 1).
 By default the data come from the same discretization (``--data-order 0``: an
 "inverse crime", so with ``--noise 0`` the truth is the exact minimizer);
@@ -32,7 +32,7 @@ Parameters θ: ε = exp(θ) on the inclusion (positive; the background stays 1),
 
 Objective: J(θ) = ‖d(θ) − d‖² / ‖d‖² (sum over samples, probes, components).
 Gradient: reverse mode through the whole LSERK4 ``lax.scan``
-(:func:`jaxsem.timestepping.integrate`, ``checkpoint_every="sqrt"``: √steps
+(:func:`jaxsem.solvers.timestepping.integrate`, ``checkpoint_every="sqrt"``: √steps
 chunks under ``jax.checkpoint``), checked once against a central difference.
 Optimizer: optax L-BFGS with zoom line search (default) or Adam.
 
@@ -61,7 +61,7 @@ import optax
 import jaxsem
 from jaxsem import inverse
 from jaxsem import timestepping as ts
-from jaxsem.dg import discretize_dg
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 

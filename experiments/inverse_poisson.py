@@ -10,14 +10,14 @@ distinct node, ξ ~ N(0, 1), σ_k = noise · max|u_k|).
 
 Parameters: θ, the values of h₁ on a coarse uniform m×m×m grid over Ω
 (boundary included), trilinearly interpolated to the quadrature points
-(:func:`jaxsem.inverse.grid_field`). The true field is not in this space, and
+(:func:`jaxsem.models.inverse.grid_field`). The true field is not in this space, and
 the data are generated with the exact field at the quadrature points, so this
 is not an "inverse crime" at the parameter level.
 
 Objective: J(θ) = (1/K) Σ_k ‖u_k(θ) − d_k‖² / ‖d_k‖²  +  β ∫|∇h₁(θ)|²
 (node-wise norms, distinct nodes once; the regularizer is the discrete
-gradient Tikhonov seminorm :func:`jaxsem.inverse.grid_gradient_penalty`).
-Gradients: one adjoint solve per source (:func:`jaxsem.inverse.solve`, whose
+gradient Tikhonov seminorm :func:`jaxsem.models.inverse.grid_gradient_penalty`).
+Gradients: one adjoint solve per source (:func:`jaxsem.models.inverse.solve`, whose
 adjoint PCG info is recorded for every iteration), the K sources batched with
 ``jax.vmap``. Optimizer: optax L-BFGS with zoom line search (or Adam).
 
@@ -52,7 +52,7 @@ import jaxsem
 from jaxsem import inverse
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 
 CENTERS = np.array([[0.3, 0.3, 0.3], [0.7, 0.7, 0.3], [0.7, 0.3, 0.7], [0.3, 0.7, 0.7],
                     [0.5, 0.5, 0.5], [0.3, 0.5, 0.7], [0.7, 0.5, 0.3], [0.5, 0.3, 0.5]])

@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import bench
+from jaxsem.app import bench
 from jaxsem import timestepping as ts
-from jaxsem.dg import discretize_dg
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 

@@ -21,7 +21,7 @@ import time
 import jax
 
 import jaxsem  # noqa: F401  (float64 on)
-from jaxsem import bench
+from jaxsem.app import bench
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxsem  # noqa: F401  (float64 on)
-from jaxsem.operators import cuda_kernels as ck
+from jaxsem.backends import cuda as ck
 
 from cuda_kernels import PROBLEMS, apply, inputs  # experiments/cuda_kernels.py
 

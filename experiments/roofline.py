@@ -4,8 +4,8 @@ Reproduces the shape of the CEED bake-off's throughput figures (Fischer et al.
 2020: DOFs/s vs order p, and DOFs/s vs points per device, Figs. 17/18) on one
 device, for both element-operator paths: the einsum reference and the fused
 Pallas kernels (``impl="fused"``; ``"auto"`` picks them on a GPU). The copy
-bandwidth is measured in the same run (:func:`jaxsem.bench.measure_bandwidth`)
-and each kernel's ceiling is bandwidth / :func:`jaxsem.bench.bytes_per_dof`.
+bandwidth is measured in the same run (:func:`jaxsem.app.bench.measure_bandwidth`)
+and each kernel's ceiling is bandwidth / :func:`jaxsem.app.bench.bytes_per_dof`.
 
 Work, in priority order (``--budget-seconds`` skips what no longer fits, and
 says so in the JSON; the JSON is rewritten after every measurement):
@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 import jaxsem
-from jaxsem import bench
+from jaxsem.app import bench
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.operators.bk import BK_SPECS

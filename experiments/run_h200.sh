@@ -90,7 +90,7 @@ fi
 if [[ $PART == cuda ]]; then  # nvidia-h200-x2: BP5 p = 7 with the CUDA kernels, shard and MPI, and the MPI tests on GPUs
   stage install 120 install
   # the kernels: $JAXSEM_CUDA_LIB (prebuilt, carried) or built here once, before the ranks start
-  stage build 400 $PY -c "'from jaxsem.operators import cuda_kernels as ck; print(ck.build())'"
+  stage build 400 $PY -c "'from jaxsem.backends import cuda as ck; print(ck.build())'"
   stage mpi_tests 200 $MPI 2 bash -c "'$PY -m pytest -q -x -p no:cacheprovider tests/mpi/test_distributed.py \
       > $RES/mpi_tests_rank\$OMPI_COMM_WORLD_RANK.txt 2>&1'"
   stage cli_mpi2 90 $MPI 2 $PY -m jaxsem solve poisson --order 7 --elements 16 16 16 --json \> $RES/cli_mpi2.json

@@ -29,7 +29,7 @@ ex() {  # tag, then env assignments
   env "$@" mpirun -n 2 python3 experiments/exchange_bench.py --backend mpi --tag "$tag" --reps 20 --repeats 3 \
       --out $RES/exchange_mpi_$tag.json || echo "exchange variant $tag failed"
 }
-if [[ $STAGES == *mallopt* ]]; then  # run 2: host-staging fix (jaxsem.comm mallopt + message splitting) on/off
+if [[ $STAGES == *mallopt* ]]; then  # run 2: host-staging fix (jaxsem.parallel.comm mallopt + message splitting) on/off
   ex mallopt_on
   ex mallopt_off JAXSEM_MALLOPT=0
 fi

@@ -64,7 +64,7 @@ def _timeit(fn, args, repeats):
 
 def run_mpi(a):
     import jaxsem
-    from jaxsem.comm import allreduce_sum, get_comm
+    from jaxsem.parallel.comm import allreduce_sum, get_comm
     from jaxsem.discretization import discretize
     from jaxsem.mesh import box_mesh
     from jaxsem.models import poisson
@@ -112,12 +112,12 @@ def run_mpi(a):
 
 
 def run_shard(a):
-    from jaxsem import shard
+    from jaxsem.discretization import shard
     from jaxsem.mesh import box_mesh
     from jaxsem.models import poisson
     from jaxsem.solvers import pcg
 
-    from jaxsem.numbering import number_nodes
+    from jaxsem.mesh.numbering import number_nodes
 
     rows = Results(a.out, "scaling")
     its, reps = a.iterations, 20
@@ -133,7 +133,7 @@ def run_shard(a):
 
 
 def _run_shard_one(a, mesh, numbering, elements, P, its, reps, f):
-    from jaxsem import shard
+    from jaxsem.discretization import shard
     from jaxsem.models import poisson
     from jaxsem.solvers import pcg
 

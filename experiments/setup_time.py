@@ -20,9 +20,9 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jaxsem  # noqa: E402
-from jaxsem import shard  # noqa: E402
+from jaxsem.discretization import shard  # noqa: E402
 from jaxsem.mesh import box_mesh  # noqa: E402
-from jaxsem.numbering import number_nodes  # noqa: E402
+from jaxsem.mesh.numbering import number_nodes  # noqa: E402
 
 
 def main(argv=None):

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import shard
+from jaxsem.discretization import shard
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 from jaxsem.solvers import pcg
 
 

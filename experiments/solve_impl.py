@@ -2,7 +2,7 @@
 
 The library check that ``impl="auto"`` (the CLI default) solves every bake-off problem
 on a GPU to the same error and iteration count as the einsum chain, and how much faster:
-one process, :func:`jaxsem.cli.solve_poisson` per (bp, impl), rows written to ``--out``
+one process, :func:`jaxsem.app.cli.solve_poisson` per (bp, impl), rows written to ``--out``
 as they come.
 
     python experiments/solve_impl.py --order 7 --elements 16 --out solve_impl.json
@@ -15,7 +15,7 @@ import sys
 import jax
 
 import jaxsem
-from jaxsem.cli import solve_poisson
+from jaxsem.app.cli import solve_poisson
 
 
 def main(argv=None):

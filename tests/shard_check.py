@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from jaxsem import shard  # noqa: E402
-from jaxsem.comm import Comm, ShardComm  # noqa: E402
+from jaxsem.discretization import shard  # noqa: E402
+from jaxsem.parallel.comm import Comm, ShardComm  # noqa: E402
 from jaxsem.discretization import discretize  # noqa: E402
 from jaxsem.mesh import box_mesh  # noqa: E402
 from jaxsem.models import poisson  # noqa: E402
@@ -139,7 +139,7 @@ def check_dg(P):
     import jax.numpy as jnp
 
     from jaxsem import timestepping as ts
-    from jaxsem.dg import discretize_dg
+    from jaxsem.discretization.dg import discretize_dg
     from jaxsem.models import advection as ad
     from jaxsem.models import maxwell as mx
 

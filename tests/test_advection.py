@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem import cli
+from jaxsem.app import cli
 from jaxsem import timestepping as ts
-from jaxsem.dg import discretize_dg
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as ad
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxsem import bench
+from jaxsem.app import bench
 
 ORDER, ELEMENTS = 2, (1, 1, 2)
 POINTS = 2 * ORDER**3
@@ -44,7 +44,7 @@ def test_cuda_kernel_record():
     carry neither key (on a CPU bench_bk runs einsum)."""
     import jax.numpy as jnp
 
-    from jaxsem.operators import cuda_kernels as ck
+    from jaxsem.backends import cuda as ck
     from jaxsem.operators.bk import BK_SPECS
 
     u1, u3 = jnp.zeros((4, 8, 8, 8)), jnp.zeros((3, 4, 8, 8, 8))

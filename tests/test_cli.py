@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from jaxsem import cli
-from jaxsem.operators.cuda_kernels import cuda_available
+from jaxsem.app import cli
+from jaxsem.backends.cuda import cuda_available
 
 # BP5, order 4, 2x2x2 elements, deform 0.1, tol 1e-10 (float64 and float32 alike):
 # measured relative L2 1.78e-3 and max 8.58e-4; the bounds are 3x that.
@@ -123,7 +123,7 @@ def test_bad_arguments_exit_2_one_line(argv, name, capsys, monkeypatch):
         raise AssertionError("validation must happen before any JAX work")
 
     monkeypatch.setattr(cli, "solve_poisson", no_jax_work)
-    monkeypatch.setattr("jaxsem.bench.bench", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.bench.bench", no_jax_work)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""

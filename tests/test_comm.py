@@ -1,4 +1,4 @@
-"""jaxsem.comm on a single process: size 1, identities, and no MPI import at all."""
+"""jaxsem.parallel.comm on a single process: size 1, identities, and no MPI import at all."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.comm import Comm, allreduce_sum, get_comm, launcher_size, sendrecv
+from jaxsem.parallel.comm import Comm, allreduce_sum, get_comm, launcher_size, sendrecv
 
 _LAUNCHER_PREFIXES = ("PMI_", "OMPI_", "MV2_", "PMIX_", "HYDRA_", "MPI_")
 
@@ -21,10 +21,10 @@ def _single_process_env():
 
 
 def test_no_mpi_import_on_single_process():
-    """In a fresh interpreter (no launcher env), importing and using jaxsem.comm imports no MPI."""
+    """In a fresh interpreter (no launcher env), importing and using jaxsem.parallel.comm imports no MPI."""
     code = """
 import sys, jax, jax.numpy as jnp
-import jaxsem.comm as c
+import jaxsem.parallel.comm as c
 comm = c.get_comm()
 assert comm == c.Comm(0, 1), comm
 x = jnp.arange(4.0)
@@ -120,7 +120,7 @@ def test_sendrecv_argument_errors():
 
 def test_host_staging_tuning_switch(monkeypatch):
     """JAXSEM_MALLOPT=0 leaves the allocator alone; otherwise glibc's mallopt is called and succeeds."""
-    from jaxsem import comm as C
+    from jaxsem.parallel import comm as C
 
     monkeypatch.setenv("JAXSEM_MALLOPT", "0")
     assert C._tune_host_staging() is False

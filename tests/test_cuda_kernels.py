@@ -14,7 +14,7 @@ import pytest
 from jaxsem import geometry
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
-from jaxsem.operators import cuda_kernels as ck
+from jaxsem.backends import cuda as ck
 from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
 from jaxsem.operators.mass import mass
 from jaxsem.operators.stiffness import stiffness, stiffness_gll
@@ -216,8 +216,8 @@ def test_gs_csr_cuda_checks_its_arguments():
 def test_gs_csr_kernel_equals_segment_and_copies_agree(lead):
     """The CUDA gather–scatter ("csr", what discretize takes on one GPU) against the segment
     form; every copy of a node holds the bit-identical sum; its VJP is the same map."""
-    from jaxsem.gather_scatter import gs_apply, make_gs
-    from jaxsem.numbering import number_nodes
+    from jaxsem.discretization.gather_scatter import gs_apply, make_gs
+    from jaxsem.mesh.numbering import number_nodes
 
     nb = number_nodes(box_mesh((3, 2, 2), 4, periodic=(True, False, False)))
     seg = make_gs(nb.gid, nb.num_global, "segment")

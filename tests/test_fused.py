@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxsem import basis
-from jaxsem.operators import cuda_kernels
+from jaxsem.backends import cuda as cuda_kernels
 from jaxsem.operators.fused import (
     FusedConfig, _fused_apply, default_config, fused_supported, stiffness_gll_auto, stiffness_gll_fused,
 )

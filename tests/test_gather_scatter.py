@@ -3,9 +3,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.gather_scatter import LAYOUTS, _csr_gather, gs_apply, make_gs
+from jaxsem.discretization.gather_scatter import LAYOUTS, _csr_gather, gs_apply, make_gs
 from jaxsem.mesh import box_mesh
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_csr_rows_list_every_copy_in_one_order(numbering):
 
 
 def test_auto_layout_off_gpu_is_segment(numbering):
-    from jaxsem.operators import cuda_kernels as ck
+    from jaxsem.backends import cuda as ck
 
     plan = make_gs(numbering.gid, numbering.num_global, "auto")
     assert plan.layout == ("csr" if ck.cuda_available() else "segment")

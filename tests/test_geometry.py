@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxsem import basis
-from jaxsem.geometry import geometric_factors, quadrature, to_quadrature
+from jaxsem.core.geometry import geometric_factors, quadrature, to_quadrature
 from jaxsem.mesh import box_mesh
 
 

@@ -8,13 +8,13 @@ import pytest
 
 import jaxsem  # noqa: F401  (enables x64)
 from jaxsem import basis
-from jaxsem.geometry import geometric_factors, quadrature
-from jaxsem.gmsh import read_gmsh
+from jaxsem.core.geometry import geometric_factors, quadrature
+from jaxsem.mesh.gmsh import read_gmsh
 from jaxsem.mesh import box_mesh, element_nodes
-from jaxsem.numbering import FACE_CORNERS, number_nodes
+from jaxsem.mesh.numbering import FACE_CORNERS, number_nodes
 
 # Lexicographic corner c = a + 2b + 4c3 → VTK/meshio hexahedron corner (independent
-# of the table in jaxsem.gmsh: VTK corners go counter-clockwise around t = -1, then t = +1).
+# of the table in jaxsem.mesh.gmsh: VTK corners go counter-clockwise around t = -1, then t = +1).
 LEX_TO_VTK8 = np.array([0, 1, 3, 2, 4, 5, 7, 6])
 CORNER_SIGN = np.array([[2 * (c & 1) - 1, 2 * ((c >> 1) & 1) - 1, 2 * ((c >> 2) & 1) - 1] for c in range(8)])
 

@@ -1,7 +1,7 @@
 """jax.grad through elliptic solves == central finite differences; batched (vmap) studies.
 
 Both differentiable solves are checked: :func:`jaxsem.models.poisson.solve`
-(``lax.custom_linear_solve``) and :func:`jaxsem.inverse.solve` (``custom_vjp``
+(``lax.custom_linear_solve``) and :func:`jaxsem.models.inverse.solve` (``custom_vjp``
 that reports the adjoint). Gradients w.r.t. the source, per-point and
 per-element coefficients h₁, h₂ and the node coordinates (shape derivatives
 through ``SEM.with_coordinates``) must match central differences to 1e-6

@@ -3,7 +3,7 @@
 Maxwell (PEC cavity, curved 2×2×2 mesh of order 2, upwind flux, 16 LSERK4
 steps) and advection (periodic, 2×2×2, order 2, 16 steps). The Maxwell loss
 is an inverse-problem misfit: E at three probe nodes after every step
-(:func:`jaxsem.inverse.sample` as ``observe``) against the exact record in
+(:func:`jaxsem.models.inverse.sample` as ``observe``) against the exact record in
 vacuum (two cavity modes), plus the final electric energy, as a function of
 
 * ε: per element ``(E,)`` plus a per-node field ``(E, n, n, n)`` added to it
@@ -29,7 +29,7 @@ import pytest
 
 from jaxsem import inverse
 from jaxsem import timestepping as ts
-from jaxsem.dg import discretize_dg
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as ad
 from jaxsem.models import maxwell as mx

@@ -37,7 +37,7 @@ def test_write_vtu_bad_field(tmp_path):
 
 def test_rank_path():
     """One file per rank in a distributed run, the path itself on one process."""
-    from jaxsem.comm import Comm
+    from jaxsem.parallel.comm import Comm
 
     assert io.rank_path("out/u.vtu", Comm()) == "out/u.vtu"
     assert io.rank_path("out/u.vtu", Comm(rank=1, size=2)) == "out/u.rank1.vtu"

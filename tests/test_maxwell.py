@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem import cli, dg as dgm
+from jaxsem import dg as dgm
+from jaxsem.app import cli
 from jaxsem import timestepping as ts
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxsem.mesh import box_mesh
-from jaxsem.numbering import number_nodes
+from jaxsem.mesh.numbering import number_nodes
 
 
 def _same_partition(gid_a, gid_b):

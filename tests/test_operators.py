@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxsem.discretization import discretize
-from jaxsem.geometry import quadrature
+from jaxsem.core.geometry import quadrature
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.operators import BK_SPECS, bk_apply, mass, stiffness, stiffness_gll
@@ -114,7 +114,7 @@ def test_mass_integrates_polynomials_exactly(order):
     Mu = mass(u, sem.J, sem.geom.B)
     assert abs(float(jnp.sum(Mu)) - exact_u) < 1e-13 * exact_u
     # vᵀ M u = ∫ u v, computed by a 1-D Gauss rule of high degree per axis
-    from jaxsem.basis import gauss_points
+    from jaxsem.core.basis import gauss_points
 
     g, w = gauss_points(order + 4)
     X = [0.5 * lengths[d] * (g + 1) for d in range(3)]

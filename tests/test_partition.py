@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from jaxsem.mesh import box_mesh
-from jaxsem.partition import partition_box, partition_mesh, partition_rcb, processor_grid, rank_pairs
+from jaxsem.mesh.partition import partition_box, partition_mesh, partition_rcb, processor_grid, rank_pairs
 
 
 def test_processor_grid_minimizes_cut():

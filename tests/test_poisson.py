@@ -8,7 +8,7 @@ import pytest
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
-from jaxsem.operators import cuda_kernels
+from jaxsem.backends import cuda as cuda_kernels
 
 
 def _solve_bp(bp, elements, order, deform=0.1):

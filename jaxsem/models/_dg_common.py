@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import timestepping as ts
-from ..comm import allreduce_sum
-from ..dg import DG
+from ..solvers import timestepping as ts
+from ..parallel.comm import allreduce_sum
+from ..discretization.dg import DG
 
 # The power iteration approaches ρ from below; this margin covers its shortfall.
 RHO_MARGIN = 1.05

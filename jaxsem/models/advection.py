@@ -39,12 +39,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import basis
-from .. import timestepping as ts
-from ..comm import allreduce_sum
-from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
-from ..gather_scatter import exchange_received, global_to_local, local_to_global
-from ..mesh import box_mesh
+from ..core import basis
+from ..solvers import timestepping as ts
+from ..parallel.comm import allreduce_sum
+from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
+from ..discretization.gather_scatter import exchange_received, global_to_local, local_to_global
+from ..mesh.box import box_mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, relative_error
 from ._dg_common import ref_derivative as _d
@@ -145,7 +145,7 @@ def transport_sharded(dg_stacked: DG, device_mesh, velocity=DEFAULT_VELOCITY) ->
 
     Returns the stacked Transport (every leaf ``(P, ...)``, sharded like ``dg_stacked``).
     """
-    from .. import shard
+    from ..discretization import shard
 
     c = _velocity(velocity)
     dtype = dg_stacked.jac.dtype

@@ -47,10 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import timestepping as ts
-from ..comm import allreduce_sum
-from ..dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
-from ..mesh import box_mesh
+from ..solvers import timestepping as ts
+from ..parallel.comm import allreduce_sum
+from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
+from ..mesh.box import box_mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, ref_derivative, relative_error
 

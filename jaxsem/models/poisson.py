@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import geometry as geo
-from ..comm import allreduce_max, allreduce_sum
-from ..discretization import SEM, discretize
-from ..gather_scatter import gs_uses_kernel
-from ..mesh import Mesh
+from ..core import geometry as geo
+from ..parallel.comm import allreduce_max, allreduce_sum
+from ..discretization.sem import SEM, discretize
+from ..discretization.gather_scatter import gs_uses_kernel
+from ..mesh.box import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
 from ..operators.fused import (
     IMPLS, _resolve, mass_auto, stiffness_auto, stiffness_gll_auto,

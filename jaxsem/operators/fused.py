@@ -57,7 +57,7 @@ try:  # Triton-specific API (jax >= 0.4.3x); absent on some builds
 except ImportError:  # pragma: no cover
     plgpu = None
 
-from . import cuda_kernels
+from ..backends import cuda as cuda_kernels
 from .mass import mass
 from .stiffness import stiffness, stiffness_gll
 

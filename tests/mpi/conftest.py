@@ -17,10 +17,10 @@ jax.config.update("jax_enable_x64", True)
 
 import pytest  # noqa: E402
 
-from jaxsem.comm import get_comm  # noqa: E402
+from jaxsem.parallel.comm import get_comm  # noqa: E402
 
 # What the launcher says, read here directly (not through jaxsem) so that a
-# broken detection in jaxsem.comm cannot hide itself.
+# broken detection in jaxsem.parallel.comm cannot hide itself.
 _LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
@@ -42,7 +42,7 @@ def comm():
     c = get_comm()
     expected = expected_world_size()
     assert c.size == expected, (
-        f"mpirun started {expected} processes but jaxsem.comm sees size {c.size}: "
+        f"mpirun started {expected} processes but jaxsem.parallel.comm sees size {c.size}: "
         "mpi4py/mpi4jax missing or built against another MPI than this mpirun"
     )
     return c

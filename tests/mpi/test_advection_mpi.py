@@ -10,8 +10,8 @@ and errors are global. All collectives happen before any assertion.
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsem.comm import Comm, allreduce_max
-from jaxsem.dg import discretize_dg
+from jaxsem.parallel.comm import Comm, allreduce_max
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as ad
 
@@ -81,12 +81,12 @@ def test_overlap_schedule(comm):
     equals serial; the halo is exactly the elements with a remote face point (with 2 ranks, the
     middle layer of each half of the 6x2x2 box is not in it)."""
     mesh = box_mesh((6, 2, 2), 2, periodic=(True,) * 3, deform=0.05)
-    from jaxsem.partition import partition_mesh
+    from jaxsem.mesh.partition import partition_mesh
 
     part = partition_mesh(mesh, comm.size)
     s, d = _run(comm, mesh, "upwind", 0.2, (0.5, 1.0, -0.75), rho=40.0, partition=part, schedule="overlap")
     _check(comm, s, d, 4)
-    from jaxsem.dg import face_connectivity
+    from jaxsem.discretization.dg import face_connectivity
 
     nb = face_connectivity(mesh).neighbors[:, :, 0]  # (E, 6) neighbour element, -1 on the boundary
     el = d["el"]

@@ -5,8 +5,8 @@ import json
 import jax
 import pytest
 
-from jaxsem.cli import main
-from jaxsem.comm import Comm
+from jaxsem.app.cli import main
+from jaxsem.parallel.comm import Comm
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson

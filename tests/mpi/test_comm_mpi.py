@@ -1,4 +1,4 @@
-"""jaxsem.comm under mpirun -n 2 and -n 4: numbers checked against closed forms and NumPy.
+"""jaxsem.parallel.comm under mpirun -n 2 and -n 4: numbers checked against closed forms and NumPy.
 
 Each test performs all its collective calls first and asserts afterwards (see conftest).
 """
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.comm import allreduce_sum, sendrecv
+from jaxsem.parallel.comm import allreduce_sum, sendrecv
 
 
 def test_world_is_really_distributed(comm):

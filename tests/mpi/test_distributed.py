@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.comm import Comm, allreduce_max
+from jaxsem.parallel.comm import Comm, allreduce_max
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
-from jaxsem.partition import partition_mesh
+from jaxsem.mesh.partition import partition_mesh
 
 
 def _pair(comm, mesh, bp=None, partition=None, **kw):
@@ -116,7 +116,7 @@ def test_too_many_ranks_is_a_clear_error(comm):
 
 def test_host_staging_tuned(comm):
     """A distributed run raises glibc's mmap threshold for mpi4jax's host buffers (on by default)."""
-    import jaxsem.comm as C
+    import jaxsem.parallel.comm as C
 
     assert C.HOST_STAGING_TUNED is (comm.size > 1)
 

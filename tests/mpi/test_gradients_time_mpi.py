@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsem import timestepping as ts
-from jaxsem.comm import Comm, allreduce_max, allreduce_sum
-from jaxsem.dg import discretize_dg
+from jaxsem.parallel.comm import Comm, allreduce_max, allreduce_sum
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 

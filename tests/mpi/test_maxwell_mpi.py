@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.comm import Comm, allreduce_max
-from jaxsem.dg import discretize_dg
+from jaxsem.parallel.comm import Comm, allreduce_max
+from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 

@@ -40,13 +40,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import basis
-from .comm import Comm, allreduce_sum
+from ..core import basis
+from ..parallel.comm import Comm, allreduce_sum
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed, received_positions
-from .geometry import geometric_factors, quadrature
-from .mesh import Mesh
-from .numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
-from .partition import partition_mesh
+from ..core.geometry import geometric_factors, quadrature
+from ..mesh.box import Mesh
+from ..mesh.numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
+from ..mesh.partition import partition_mesh
 
 __all__ = [
     "FaceConnectivity",

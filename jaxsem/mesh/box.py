@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import basis
+from ..core import basis
 
 __all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "element_nodes"]
 

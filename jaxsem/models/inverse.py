@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .discretization import SEM
-from .models import poisson
-from .solvers.pcg import PCGInfo, pcg
+from ..discretization.sem import SEM
+from . import poisson
+from ..solvers.pcg import PCGInfo, pcg
 
 __all__ = [
     "AdjointNotConvergedWarning", "adjoint_probe", "adjoint_info", "solve",

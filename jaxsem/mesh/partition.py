@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .mesh import Mesh
+from .box import Mesh
 
 __all__ = ["processor_grid", "partition_box", "partition_rcb", "partition_mesh"]
 

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import geometry as geo
-from .comm import Comm, allreduce_sum, get_comm
+from ..core import geometry as geo
+from ..parallel.comm import Comm, allreduce_sum, get_comm
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
-from .mesh import Mesh
-from .numbering import Numbering, number_nodes
-from .partition import partition_mesh
+from ..mesh.box import Mesh
+from ..mesh.numbering import Numbering, number_nodes
+from ..mesh.partition import partition_mesh
 
 __all__ = ["SEM", "discretize"]
 
@@ -89,7 +89,7 @@ class SEM:
         if coll:
             bmass = geom.B
         else:
-            from . import basis
+            from ..core import basis
 
             wg = jnp.asarray(basis.gll_points(self.order)[1], x.dtype)
             bmass = geo._factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
@@ -109,7 +109,7 @@ class SEM:
         One variadic reduction over all pairs (:func:`jaxsem.solvers.pcg.weighted_dots`), so
         PCG's (r, z) and (r, r) read r, z and the weights in one pass.
         """
-        from .solvers.pcg import weighted_dots
+        from ..solvers.pcg import weighted_dots
 
         return weighted_dots(self.gs.mult, lambda s: allreduce_sum(s, self.comm))(pairs)
 

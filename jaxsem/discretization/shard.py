@@ -63,12 +63,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from .comm import SHARD_EXCHANGES, Comm, ShardComm
-from .discretization import SEM, discretize
+from ..parallel.comm import SHARD_EXCHANGES, Comm, ShardComm
+from .sem import SEM, discretize
 from .gather_scatter import Exchange, GatherScatter
-from .mesh import Mesh
-from .numbering import number_nodes
-from .partition import partition_mesh
+from ..mesh.box import Mesh
+from ..mesh.numbering import number_nodes
+from ..mesh.partition import partition_mesh
 
 __all__ = [
     "discretize_sharded", "bp_discretize_sharded", "discretize_dg_sharded", "per_rank", "shard_fn", "shard_call",
@@ -341,7 +341,7 @@ def per_rank(fn: Callable, stacked, mesh: jax.sharding.Mesh):
 
 def bp_discretize_sharded(mesh: Mesh, bp: int, devices=None, axis_name: str = "ranks", partition=None, **kw):
     """:func:`discretize_sharded` with BPk's quadrature and boundary conditions."""
-    from .models.poisson import _check_bp
+    from ..models.poisson import _check_bp
 
     spec = _check_bp(bp)
     return discretize_sharded(mesh, devices, axis_name, partition, quadrature=spec.quadrature,
@@ -472,7 +472,7 @@ def bp_solver(mesh: jax.sharding.Mesh, bp: int, tol: float = 0.0, maxiter: int =
     :class:`jaxsem.solvers.PCGInfo` of global values (``iterations`` a scalar,
     ``history (maxiter + 1,)``).
     """
-    from .models import poisson
+    from ..models import poisson
 
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)

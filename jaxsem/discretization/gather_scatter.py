@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import comm as _comm
-from .partition import rank_pairs
+from ..parallel import comm as _comm
+from ..mesh.partition import rank_pairs
 
 __all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "gs_uses_kernel",
            "exchange_received", "received_positions", "LAYOUTS"]
@@ -244,7 +244,7 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
 
 
 def _cuda_gs_available() -> bool:
-    from .operators import cuda_kernels  # late: it imports the operators
+    from ..backends import cuda as cuda_kernels
 
     return cuda_kernels.cuda_available()
 
@@ -367,7 +367,7 @@ def _csr_gather(u2, off, idx):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _gs_csr(u2, off, idx, gid, N):
     """QQᵀ of ``u2: (C, L)`` by the CUDA gather kernel; its tangent is the segment form's."""
-    from .operators.cuda_kernels import gs_csr_cuda
+    from ..backends.cuda import gs_csr_cuda
 
     return gs_csr_cuda(u2, off, idx)
 

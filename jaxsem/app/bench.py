@@ -37,12 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import basis
-from .comm import allreduce_sum
-from .mesh import _check_int_triple, box_mesh
-from .models import poisson
-from .operators.bk import BK_SPECS, bk_apply, bk_impl
-from .solvers.pcg import pcg, weighted_dots
+from ..core import basis
+from ..parallel.comm import allreduce_sum
+from ..mesh.box import _check_int_triple, box_mesh
+from ..models import poisson
+from ..operators.bk import BK_SPECS, bk_apply, bk_impl
+from ..solvers.pcg import pcg, weighted_dots
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
@@ -252,7 +252,7 @@ def _kernel_record(spec, used: str, u) -> dict:
     (:func:`jaxsem.operators.cuda_kernels.defaults` for this operator and ``u``)."""
     if used != "cuda":
         return {}
-    from .operators import cuda_kernels as ck
+    from ..backends import cuda as ck
 
     variant, prefetch = ck.defaults("bk5" if spec.quadrature == "gll" else spec.operator, u)
     return dict(cuda_variant=variant, cuda_prefetch=prefetch)

@@ -603,7 +603,7 @@ def run(
     def finite(y):
         ok = _all_finite(y)
         if distributed:
-            from .comm import allreduce_sum
+            from ..parallel.comm import allreduce_sum
 
             ok = allreduce_sum(jnp.where(ok, 0, 1), comm) == 0
         return bool(ok)

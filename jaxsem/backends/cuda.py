@@ -52,8 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .mass import mass
-from .stiffness import stiffness, stiffness_gll
+from ..operators.mass import mass
+from ..operators.stiffness import stiffness, stiffness_gll
 
 __all__ = ["build", "cuda_available", "cuda_supported", "stiffness_gll_cuda", "mass_cuda",
            "stiffness_cuda", "gs_csr_cuda", "SOURCE", "MAX_N"]

@@ -23,7 +23,7 @@ import platform as _platform
 import sys
 import time
 
-from .basis import MAX_ORDER
+from ..core.basis import MAX_ORDER
 
 __all__ = ["main", "solve_poisson"]
 
@@ -64,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -152,7 +152,7 @@ def _validate(parser: _Parser, args) -> None:
     if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
         fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
     if getattr(args, "impl", None) == "cuda":
-        from .operators.cuda_kernels import cuda_available
+        from ..backends.cuda import cuda_available
         if not cuda_available():
             fail("argument --impl: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
@@ -264,7 +264,7 @@ def _clean(obj):
 def _env() -> dict:
     from .bench import device_info
 
-    from .comm import get_comm
+    from ..parallel.comm import get_comm
 
     d = device_info()
     return dict(device=d["device_kind"], platform=d["platform"], num_devices=d["num_devices"],
@@ -296,9 +296,9 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     import jax.numpy as jnp
 
     from .bench import count_dofs
-    from .mesh import box_mesh
-    from .models import poisson
-    from .operators.bk import BK_SPECS
+    from ..mesh.box import box_mesh
+    from ..models import poisson
+    from ..operators.bk import BK_SPECS
 
     note = progress or (lambda m: None)
     spec = BK_SPECS[bp]
@@ -448,7 +448,7 @@ def _info() -> dict:
 
 def _ranks() -> int:
     """Number of MPI ranks, without initializing MPI just for ``info``."""
-    from .comm import launcher_size
+    from ..parallel.comm import launcher_size
 
     return launcher_size() or 1
 
@@ -485,9 +485,9 @@ def main(argv=None) -> int:
             text = _report_info(result)
             code = 0
         elif args.command == "solve" and args.problem == "maxwell":
-            from .models import maxwell
+            from ..models import maxwell
 
-            from .comm import get_comm
+            from ..parallel.comm import get_comm
 
             comm = get_comm()
             result = maxwell.verify(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
@@ -498,9 +498,9 @@ def main(argv=None) -> int:
             text = _report_maxwell(result)
             code = 0 if result["converged"] else 1
         elif args.command == "solve" and args.problem == "advection":
-            from .models import advection
+            from ..models import advection
 
-            from .comm import get_comm
+            from ..parallel.comm import get_comm
 
             comm = get_comm()
             result = advection.verify(args.order, args.elements, args.t_final, velocity=tuple(args.velocity),
@@ -529,7 +529,7 @@ def main(argv=None) -> int:
             result.update(_env())
             text = _report_bench(result)
             code = 0
-    from .comm import get_comm
+    from ..parallel.comm import get_comm
 
     if args.command == "info" or get_comm().rank == 0:  # under mpirun only rank 0 reports
         if args.json:

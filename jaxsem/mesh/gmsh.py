@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-from . import basis
-from .mesh import Mesh, element_nodes
+from ..core import basis
+from .box import Mesh, element_nodes
 
 __all__ = ["read_gmsh", "SUPPORTED_CELLS"]
 

@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-from .mesh import Mesh
+from .box import Mesh
 
 __all__ = ["Numbering", "number_nodes", "face_slice", "FACE_CORNERS"]
 

@@ -1,0 +1,1 @@
+"""The application: the ``jaxsem`` command line, benchmark and verification drivers, reports."""
