@@ -1,15 +1,15 @@
-"""Bake-off roofline: BK1–BK6 and BP1–BP6 DOFs/s against the bandwidth ceiling, einsum vs fused.
+"""Bake-off roofline: BK1–BK6 and BP1–BP6 DOFs/s against the bandwidth ceiling, per backend.
 
 Reproduces the shape of the CEED bake-off's throughput figures (Fischer et al.
 2020: DOFs/s vs order p, and DOFs/s vs points per device, Figs. 17/18) on one
-device, for both element-operator paths: the einsum reference and the fused
-Pallas kernels (``impl="fused"``; ``"auto"`` picks them on a GPU). The copy
+device, for the element-kernel backends asked for: the einsum reference and
+``"auto"`` (the fused CUDA kernels on a GPU, einsum elsewhere). The copy
 bandwidth is measured in the same run (:func:`jaxsem.app.bench.measure_bandwidth`)
 and each kernel's ceiling is bandwidth / :func:`jaxsem.app.bench.bytes_per_dof`.
 
 Work, in priority order (``--budget-seconds`` skips what no longer fits, and
 says so in the JSON; the JSON is rewritten after every measurement):
-  1. every problem and impl at ``--sweep-order`` and the largest of ``--sizes``;
+  1. every problem and backend at ``--sweep-order`` and the largest of ``--sizes``;
   2. BP5 per-iteration time at ``--fit-sizes`` → fit t = t0 + n/R∞, n0.8 = 4·t0·R∞
      (the definition of experiments/scaling.py ``fit_n08``; SEEDS.md §1);
   3. order sweep at the largest size, orders coarse-to-fine (7, 3, 11, 15, 5, …);
@@ -98,21 +98,21 @@ class Sweep:
     def elapsed(self):
         return time.perf_counter() - self.t_start
 
-    def sem(self, spec, order, m):
-        key = (order, m, spec.quadrature, spec.dirichlet)
+    def sem(self, spec, order, m, backend):
+        key = (order, m, spec.quadrature, spec.dirichlet, backend)
         if key not in self.sems:
             if len(self.sems) > 2:  # keep memory bounded on large meshes
                 self.sems.pop(next(iter(self.sems)))
             mesh = box_mesh((m, m, m), order, deform=0.1)
-            self.sems[key] = poisson.bp_discretize(mesh, spec.number, dtype=self.args.dtype)
+            self.sems[key] = poisson.bp_discretize(mesh, spec.number, dtype=self.args.dtype, backend=backend)
             jax.block_until_ready(self.sems[key])
         return self.sems[key]
 
-    def run(self, stage, problem, impl, order, points):
+    def run(self, stage, problem, backend, order, points):
         a = self.args
         kind, spec = problem[:2], BK_SPECS[int(problem[2:])]
         m = elements_for(order, points, a.max_per_axis)
-        tag = dict(stage=stage, problem=problem, impl_requested=impl, order=order, elements=[m] * 3,
+        tag = dict(stage=stage, problem=problem, backend_requested=backend, order=order, elements=[m] * 3,
                    target_points=points)
         left = a.budget_seconds - self.elapsed()
         if left < self.est[kind]:
@@ -120,13 +120,13 @@ class Sweep:
             return None
         t0 = time.perf_counter()
         try:
-            sem = self.sem(spec, order, m)
+            sem = self.sem(spec, order, m, backend)
             if kind == "bk":
-                r = bench.time_bk(spec, sem, repeats=a.repeats, impl=impl)
+                r = bench.time_bk(spec, sem, repeats=a.repeats)
             else:
-                r = bench.time_bp(spec, sem, iterations=a.iterations, repeats=max(1, a.repeats // 2), impl=impl)
+                r = bench.time_bp(spec, sem, iterations=a.iterations, repeats=max(1, a.repeats // 2))
                 r["seconds_per_iteration"] = r["seconds"] / r["iterations"]
-            r.update(tag, impl=r["impl"])
+            r.update(tag, backend=r["backend"])
             bench._rates(r, self.result["bandwidth_bytes_per_second"])
             msg = (f"{r['dofs_per_second'] / 1e9:8.3f} GDOF/s {r['percent_of_ceiling']:5.1f}% of ceiling "
                    f"(compile {r['compile_seconds']:.1f} s)")
@@ -137,7 +137,7 @@ class Sweep:
         r["item_seconds"] = dt
         self.est[kind] = 0.5 * self.est[kind] + 0.5 * dt
         self.result["rows"].append(r)
-        print(f"[{self.elapsed():6.1f} s] {stage:5s} {problem} {impl:6s} p={order:2d} E={m}^3 {msg}",
+        print(f"[{self.elapsed():6.1f} s] {stage:5s} {problem} {backend:6s} p={order:2d} E={m}^3 {msg}",
               file=sys.stderr, flush=True)
         self.save()
         return r
@@ -161,14 +161,14 @@ def run(args):
     bad = [p for p in problems if p not in ALL_PROBLEMS]
     if bad:
         raise SystemExit(f"--problems: unknown {bad}; allowed {','.join(ALL_PROBLEMS)}")
-    impls = parse_list(args.impls, str)
+    backends = parse_list(args.backends, str)
     orders = parse_list(args.orders)
     sizes = sorted(parse_list(args.sizes, float))
     fit_sizes = sorted(parse_list(args.fit_sizes, float))
     result = dict(
         experiment="roofline", device=info["device_kind"], device_info=info, jax_version=jax.__version__,
         jaxsem_version=jaxsem.__version__, command="python " + " ".join(sys.argv), dtype=args.dtype,
-        bandwidth_bytes_per_second=bw, bandwidth_nbytes=nbytes, problems=problems, impls=impls, orders=orders,
+        bandwidth_bytes_per_second=bw, bandwidth_nbytes=nbytes, problems=problems, backends=backends, orders=orders,
         sizes=sizes, sweep_order=args.sweep_order, fit_order=args.fit_order, fit_sizes=fit_sizes,
         iterations=args.iterations, repeats=args.repeats, budget_seconds=args.budget_seconds,
         bytes_per_dof={p: {str(o): bench.bytes_per_dof(p, o, args.dtype) for o in sorted(set(orders) | {args.sweep_order})}
@@ -178,32 +178,32 @@ def run(args):
     sw = Sweep(args, result)
     # 1. every problem at the sweep order and the largest size (both plots' anchor)
     for prob in problems:
-        for impl in impls:
-            sw.run("size", prob, impl, args.sweep_order, sizes[-1])
+        for backend in backends:
+            sw.run("size", prob, backend, args.sweep_order, sizes[-1])
     # 2. BP5 small sizes: t = t0 + n/R∞ (cheap)
     if "bp5" in problems:
-        for impl in impls:
+        for backend in backends:
             for points in fit_sizes:
-                sw.run("fit", "bp5", impl, args.fit_order, points)
+                sw.run("fit", "bp5", backend, args.fit_order, points)
     # 3. order sweep at the largest size, orders spread out first (7, 3, 11, 15, 5, ...) so a
     #    budget cut leaves a coarse curve for every problem rather than a fine one for a few
     for order in spread(orders):
         if order == args.sweep_order:
             continue  # measured in stage 1
         for prob in problems:
-            for impl in impls:
-                sw.run("order", prob, impl, order, sizes[-1])
+            for backend in backends:
+                sw.run("order", prob, backend, order, sizes[-1])
     # 4. the other sizes at the sweep order (DOFs/s vs points per device)
     for points in sizes[-2::-1]:
         for prob in problems:
-            for impl in impls:
-                sw.run("size", prob, impl, args.sweep_order, points)
+            for backend in backends:
+                sw.run("size", prob, backend, args.sweep_order, points)
     if "bp5" in problems:
-        for impl in impls:
-            rows = [r for r in result["rows"] if r["problem"] == "bp5" and r["impl_requested"] == impl
+        for backend in backends:
+            rows = [r for r in result["rows"] if r["problem"] == "bp5" and r["backend_requested"] == backend
                     and r["order"] == args.fit_order and "seconds_per_iteration" in r
                     and r["stage"] in ("fit", "size")]
-            result["fits"][f"bp5_{impl}_p{args.fit_order}"] = fit_n08(rows)
+            result["fits"][f"bp5_{backend}_p{args.fit_order}"] = fit_n08(rows)
     sw.save()
     print(f"done in {sw.elapsed():.1f} s: {len(result['rows'])} measurements, "
           f"{len(result['skipped'])} skipped by the budget", file=sys.stderr)
@@ -240,7 +240,7 @@ def plot(path):
     rows = [r for r in res["rows"] if "dofs_per_second" in r]
     bw = res["bandwidth_bytes_per_second"]
     base = os.path.splitext(path)[0]
-    styles = {"einsum": "--", "auto": "-", "fused": "-", "pallas": "-"}
+    styles = {"einsum": "--", "auto": "-", "cuda": "-"}
     colors = {f"{kd}{k}": f"C{k - 1}" for kd in ("bk", "bp") for k in range(1, 7)}
     outs = []
 
@@ -248,16 +248,16 @@ def plot(path):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, kind in zip(axes, ("bk", "bp")):
         for prob in [p for p in res["problems"] if p.startswith(kind)]:
-            for impl in res["impls"]:
+            for backend in res["backends"]:
                 pr = {}
                 for r in rows:
-                    if r["problem"] == prob and r["impl_requested"] == impl and r["stage"] in ("order", "size"):
+                    if r["problem"] == prob and r["backend_requested"] == backend and r["stage"] in ("order", "size"):
                         if r["order"] not in pr or r["points"] > pr[r["order"]]["points"]:
                             pr[r["order"]] = r
                 if pr:
                     o = sorted(pr)
-                    ax.plot(o, [pr[x]["dofs_per_second"] / 1e9 for x in o], "o" + styles.get(impl, "-"),
-                            color=colors[prob], ms=3, label=f"{prob.upper()} {impl}")
+                    ax.plot(o, [pr[x]["dofs_per_second"] / 1e9 for x in o], "o" + styles.get(backend, "-"),
+                            color=colors[prob], ms=3, label=f"{prob.upper()} {backend}")
             os_ = sorted({r["order"] for r in rows if r["problem"] == prob})
             if os_:
                 ax.plot(os_, [bw / bench.bytes_per_dof(prob, o, res["dtype"]) / 1e9 for o in os_], ":",
@@ -265,7 +265,7 @@ def plot(path):
         ax.set_xlabel("polynomial order p")
         ax.set_ylabel("GDOF/s (DOFs = components·E·p³)")
         ax.set_yscale("log")
-        ax.set_title(f"{kind.upper()}: solid fused/auto, dashed einsum, dotted ceiling\n"
+        ax.set_title(f"{kind.upper()}: solid auto/cuda, dashed einsum, dotted ceiling\n"
                      f"{res['device']}, {res['dtype']}, copy {bw / 1e9:.0f} GB/s")
     outs.append(_finish(fig, axes, base + "_order.png"))
 
@@ -273,13 +273,13 @@ def plot(path):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, kind in zip(axes, ("bk", "bp")):
         for prob in [p for p in res["problems"] if p.startswith(kind)]:
-            for impl in res["impls"]:
-                pr = sorted((r for r in rows if r["problem"] == prob and r["impl_requested"] == impl
+            for backend in res["backends"]:
+                pr = sorted((r for r in rows if r["problem"] == prob and r["backend_requested"] == backend
                              and r["order"] == res["sweep_order"] and r["stage"] in ("size", "fit")),
                             key=lambda r: r["points"])
                 if pr:
                     ax.plot([r["points"] for r in pr], [r["dofs_per_second"] / 1e9 for r in pr],
-                            "o" + styles.get(impl, "-"), color=colors[prob], ms=3, label=f"{prob.upper()} {impl}")
+                            "o" + styles.get(backend, "-"), color=colors[prob], ms=3, label=f"{prob.upper()} {backend}")
             if any(r["problem"] == prob for r in rows):
                 ax.axhline(bw / bench.bytes_per_dof(prob, res["sweep_order"], res["dtype"]) / 1e9, ls=":",
                            color=colors[prob], lw=1)
@@ -299,9 +299,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--orders", default="2", help="order sweep, e.g. 1-15 or 3,5,7 (default 2)")
     ap.add_argument("--problems", default=",".join(ALL_PROBLEMS), help="comma list of bk1..bk6,bp1..bp6")
-    ap.add_argument("--impls", default="einsum,fused",
-                    help="comma list of einsum, fused (= pallas), auto (default einsum,fused; on CPU the "
-                         "fused kernels run in the slow Pallas interpreter)")
+    ap.add_argument("--backends", default="einsum,auto",
+                    help="comma list of einsum, auto, cuda (default einsum,auto; auto is einsum on a CPU)")
     ap.add_argument("--sizes", default="2e3", help="target points per device E·p³ for the size sweep")
     ap.add_argument("--sweep-order", type=int, default=None, help="order of the size sweep (default: 7 on GPU, "
                     "else the first of --orders)")
@@ -332,8 +331,8 @@ def main(argv=None):
         a.iterations = 100 if gpu else 10
     if a.repeats is None:
         a.repeats = 5 if gpu else 2
-    for name in ("impls",):
-        bad = [x for x in parse_list(getattr(a, name), str) if x not in ("einsum", "fused", "pallas", "auto")]
+    for name in ("backends",):
+        bad = [x for x in parse_list(getattr(a, name), str) if x not in ("einsum", "auto", "cuda")]
         if bad:
             ap.error(f"--{name}: unknown {bad}")
     return run(a)

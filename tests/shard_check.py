@@ -59,20 +59,17 @@ def dssum_dot(sem, v):
 
 def check_gather_scatter(P):
     cases = [
-        ("gs_box", box_mesh((4, 3, 2), 3, deform=0.05), "segment", None, "rounds"),
-        ("gs_periodic_x", box_mesh((2, 2, 2), 3, periodic=(True, False, False), deform=0.05), "padded", None,
-         "rounds"),
-        ("gs_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), "sorted", None, "rounds"),
-        ("gs_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "segment", "uneven", "rounds"),
-        # every round's message in one all_to_all (periodic: a pair of ranks can share two faces)
-        ("gs_a2a_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), "segment", None, "alltoall"),
-        ("gs_a2a_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "padded", "uneven", "alltoall"),
+        ("gs_box", box_mesh((4, 3, 2), 3, deform=0.05), None),
+        ("gs_periodic_x", box_mesh((2, 2, 2), 3, periodic=(True, False, False), deform=0.05), None),
+        # periodic in two directions: a pair of ranks can share two faces
+        ("gs_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), None),
+        ("gs_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "uneven"),
     ]
-    for name, mesh, layout, part, exchange in cases:
+    for name, mesh, part in cases:
         part = uneven_partition(mesh.num_elements, P) if part == "uneven" else None
-        serial = discretize(mesh, comm=Comm(), gs_layout=layout)
-        ss, dm = shard.discretize_sharded(mesh, devices=P, partition=part, gs_layout=layout, exchange=exchange)
-        assert ss.comm == ShardComm("ranks", P, exchange) and ss.x.shape[0] == P
+        serial = discretize(mesh, comm=Comm())
+        ss, dm = shard.discretize_sharded(mesh, devices=P, partition=part)
+        assert ss.comm == ShardComm("ranks", P) and ss.x.shape[0] == P
         rng = np.random.default_rng(0)
         u = rng.standard_normal((3,) + serial.mask.shape)
         us = np.array(shard.distribute_elements(u, ss))
@@ -99,8 +96,10 @@ def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
     h1, h2 = poisson.coefficients(bp)
     serial = poisson.bp_discretize(mesh, bp, comm=Comm())
     us, info_s = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))(serial)
-    ss, dm = shard.bp_discretize_sharded(mesh, bp, devices=P, partition=partition)
-    ud, info_d = shard.run_pcg_sharded(ss, dm, bp, iterations=maxiter, tol=tol)
+    spec = poisson.BP_SPECS[bp]
+    ss, dm = shard.discretize_sharded(mesh, devices=P, partition=partition, quadrature=spec.quadrature,
+                                      dirichlet=spec.dirichlet)
+    ud, info_d = shard.bp_solver(dm, bp, tol, maxiter)(ss)
     err = rel(shard.gather_elements(ud, ss), us)
     check(f"{name}_err", err, err < 1e-12)
     check(f"{name}_iterations", [int(info_d.iterations), int(info_s.iterations)],
@@ -121,8 +120,8 @@ def check_grad(P):
     serial = poisson.bp_discretize(mesh, 3, comm=Comm())
     f = 1.0 + np.random.default_rng(1).uniform(size=serial.geom.B.shape)
     l_s, g_s = jax.jit(jax.value_and_grad(grad_loss, argnums=1))(serial, f)
-    for exchange, tag in (("rounds", ""), ("alltoall", "_a2a")):
-        ss, dm = shard.bp_discretize_sharded(mesh, 3, devices=P, exchange=exchange)
+    for tag in ("",):
+        ss, dm = shard.discretize_sharded(mesh, devices=P, quadrature="gauss")
         loss = shard.shard_fn(grad_loss, dm)
         # the loss is psum'd (the same on every shard): differentiate one copy of it
         # (summing the P copies would give P times the gradient)
@@ -167,14 +166,6 @@ def check_dg(P):
         check(f"advection_{schedule}_err", err, err < 1e-12)
         dummies_zero = bool(np.all(np.asarray(us)[np.asarray(dgs.elements) < 0] == 0.0))
         check(f"advection_{schedule}_dummies_zero", dummies_zero, dummies_zero)
-    # the overlap schedule reads the received messages by position: all_to_all must keep them
-    dga, dmesh_a = shard.discretize_dg_sharded(mesh, devices=P, partition=part, exchange="alltoall")
-    run = jax.jit(shard.shard_fn(
-        lambda d, t, u: ts.integrate(
-            lambda tt, v: ad.make_rhs("upwind", None, "split", "overlap")(tt, v, (d, t)), u, dt, steps), dmesh_a))
-    us = run(dga, ad.transport_sharded(dga, dmesh_a, c), shard.distribute_elements(u0, dga))
-    err = rel(shard.gather_elements(us, dga), ref)
-    check("advection_overlap_a2a_err", err, err < 1e-12)
     # Maxwell (PEC box, non-periodic): one rhs evaluation of a random field
     mesh = box_mesh((3, 2, 2), 3, deform=0.1)
     dg = discretize_dg(mesh)

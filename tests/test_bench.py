@@ -54,7 +54,7 @@ def test_cuda_kernel_record():
         cuda_variant=ck.default_variant("bk5", 8, 3), cuda_prefetch=ck.default_prefetch("bk5", 8, 3))
     assert bench._kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
     assert bench._kernel_record(BK_SPECS[5], "einsum", u1) == {}
-    r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, impl="einsum")
+    r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, backend="einsum")
     assert "cuda_variant" not in r and "cuda_prefetch" not in r
 
 

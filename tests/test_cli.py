@@ -111,10 +111,11 @@ BAD = [
     (["bench", "bp5", "--dtype", "int32"], "--dtype"),
     (["frobnicate"], "command"),
     (["solve", "poisson", "--bogus"], "--bogus"),
-    (["solve", "maxwell", "--impl", "einsum"], "--impl"),
+    (["solve", "maxwell", "--backend", "einsum"], "--backend"),
+    (["solve", "poisson", "--backend", "fused"], "--backend"),
 ]
 if not cuda_available():  # CPU machines: a clear error before any JAX work
-    BAD += [(["solve", "poisson", "--impl", "cuda"], "--impl"), (["bench", "bk5", "--impl", "cuda"], "--impl")]
+    BAD += [(["solve", "poisson", "--backend", "cuda"], "--backend"), (["bench", "bk5", "--backend", "cuda"], "--backend")]
 
 
 @pytest.mark.parametrize("argv,name", BAD, ids=[" ".join(a) for a, _ in BAD])
@@ -149,34 +150,32 @@ def test_bench_json(capsys):
 AUTO = "cuda" if cuda_available() else "einsum"
 
 
-@pytest.mark.parametrize("impl,ran", [("auto", AUTO), ("einsum", "einsum"), ("fused", "pallas")])
-def test_bench_impl_switch(capsys, impl, ran):
-    """--impl picks the element kernel; "auto" is the einsum chain on a CPU (the CUDA kernels on
-    a GPU), "fused" the Pallas kernel (in interpret mode on a CPU) — and all give the same
-    residual history."""
+@pytest.mark.parametrize("backend,ran", [("auto", AUTO), ("einsum", "einsum")])
+def test_bench_backend_switch(capsys, backend, ran):
+    """--backend picks the element kernels; "auto" is the einsum chain on a CPU (the CUDA kernels
+    on a GPU) — and both give the same residual history."""
     argv = ["bench", "bp5", "--order", "2", "--elements", "1", "1", "2", "--iterations", "3",
-            "--repeats", "1", "--impl", impl, "--json", "-q"]
+            "--repeats", "1", "--backend", backend, "--json", "-q"]
     assert cli.main(argv) == 0
     r, _ = _json(capsys)
-    assert r["impl"] == ran and r["iterations"] == 3
-    ref = cli.main(argv[:-4] + ["--impl", "einsum", "--json", "-q"])
+    assert r["backend"] == ran and r["iterations"] == 3
+    ref = cli.main(argv[:-4] + ["--backend", "einsum", "--json", "-q"])
     r_ref, _ = _json(capsys)
     assert ref == 0 and r["residual_reduction"] == pytest.approx(r_ref["residual_reduction"], rel=1e-12)
 
 
 @pytest.mark.parametrize("bp", [3, 5])
-def test_solve_impl_switch(capsys, bp):
-    """solve --impl: "auto" is the einsum chain on a CPU (the CUDA kernels on a GPU); "fused"
-    runs the Pallas kernels (interpret mode on a CPU) in a plain PCG and reaches the same
-    solution."""
+def test_solve_backend_switch(capsys, bp):
+    """solve --backend: "auto" (the CUDA kernels on a GPU, einsum on a CPU) and "einsum" reach
+    the same solution in the same iterations."""
     argv = ["solve", "poisson", "--bp", str(bp), "--order", "2", "--elements", "1", "1", "2", "--json", "-q"]
     assert cli.main(argv) == 0
     auto, _ = _json(capsys)
-    assert cli.main(argv + ["--impl", "fused"]) == 0
-    fused, _ = _json(capsys)
-    assert auto["impl"] == AUTO and fused["impl"] == "pallas"
-    assert fused["iterations"] == auto["iterations"]
-    assert fused["error_l2"] == pytest.approx(auto["error_l2"], rel=1e-10)
+    assert cli.main(argv + ["--backend", "einsum"]) == 0
+    ref, _ = _json(capsys)
+    assert auto["backend"] == AUTO and ref["backend"] == "einsum"
+    assert ref["iterations"] == auto["iterations"]
+    assert ref["error_l2"] == pytest.approx(auto["error_l2"], rel=1e-10)
 
 
 def test_info_json(capsys):

@@ -15,7 +15,6 @@ from jaxsem import geometry
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.backends import cuda as ck
-from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
 from jaxsem.operators.mass import mass
 from jaxsem.operators.stiffness import stiffness, stiffness_gll
 
@@ -63,7 +62,7 @@ def test_default_variants_exist_for_their_operator():
 def test_cuda_off_gpu_is_a_clear_error():
     u, J, Dt, B, G = _data(2, 3)
     with pytest.raises(ValueError, match="need a CUDA GPU"):
-        mass_auto(u, J, B, impl="cuda")
+        ck.mass_cuda(u, J, B)
     with pytest.raises(ValueError, match="variant must be one of"):
         ck.stiffness_cuda(u, J, Dt, G, variant=1)  # no slice kernel for BK3/BK4
     with pytest.raises(ValueError, match="variant must be one of"):
@@ -167,10 +166,10 @@ def test_constant_memory_follows_each_call(variant):
 def test_vector_forms_and_float32():
     u, J, Dt, B, G = _data(6, 21, comps=3)
     rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-    assert rel(mass_auto(u, J, B, impl="cuda"), mass(u, J, B)) < 1e-13
-    assert rel(stiffness_auto(u, J, Dt, G, impl="cuda"), stiffness(u, J, Dt, G)) < 1e-13
+    assert rel(ck.mass_cuda(u, J, B), mass(u, J, B)) < 1e-13
+    assert rel(ck.stiffness_cuda(u, J, Dt, G), stiffness(u, J, Dt, G)) < 1e-13
     ug, _, Dg, _, Gg = _data(6, 21, comps=3, quad="gll")
-    assert rel(stiffness_gll_auto(ug, Dg, Gg, impl="cuda"), stiffness_gll(ug, Dg, Gg)) < 1e-13
+    assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg), stiffness_gll(ug, Dg, Gg)) < 1e-13
     w32 = ck.stiffness_gll_cuda(ug[0].astype(jnp.float32), Dg.astype(jnp.float32), Gg.astype(jnp.float32))
     assert w32.dtype == jnp.float32 and rel(w32.astype(jnp.float64), stiffness_gll(ug[0], Dg, Gg)) < 1e-5
 
@@ -189,16 +188,17 @@ def test_derivatives_are_the_references():
 def test_solve_with_cuda_kernels(bp):
     """Same iterates up to rounding (iteration counts within one), same solution, same
     gradient: the kernel in every forward and adjoint PCG iteration."""
-    sem = poisson.bp_discretize(box_mesh((3, 3, 2), 5, deform=0.1), bp)
+    mesh = box_mesh((3, 3, 2), 5, deform=0.1)
+    sems = {b: poisson.bp_discretize(mesh, bp, backend=b) for b in ("einsum", "cuda")}
+    assert poisson.bp_discretize(mesh, bp).backend.name == "cuda"  # auto prefers CUDA
     h1, h2 = poisson.coefficients(bp)
-    f = 1.0 + 0.5 * jnp.cos(jnp.arange(sem.geom.B.size).reshape(sem.geom.B.shape))
-    assert poisson.kernels(sem, f[..., :6, :6, :6], h1, h2, "cuda") == "cuda"
-    assert poisson.kernels(sem, f[..., :6, :6, :6], h1, h2, "auto") == "cuda"  # auto prefers CUDA
-    ue, ie = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="einsum")
-    uc, ic = poisson.solve(sem, f, h1, h2, tol=1e-12, impl="cuda")
+    B = sems["einsum"].geom.B
+    f = 1.0 + 0.5 * jnp.cos(jnp.arange(B.size).reshape(B.shape))
+    ue, ie = poisson.solve(sems["einsum"], f, h1, h2, tol=1e-12)
+    uc, ic = poisson.solve(sems["cuda"], f, h1, h2, tol=1e-12)
     assert abs(int(ic.iterations) - int(ie.iterations)) <= 1
     np.testing.assert_allclose(uc, ue, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(ue))))
-    loss = lambda impl: lambda f: jnp.sum(poisson.solve(sem, f, h1, h2, tol=1e-12, impl=impl)[0] ** 2)
+    loss = lambda b: lambda f: jnp.sum(poisson.solve(sems[b], f, h1, h2, tol=1e-12)[0] ** 2)
     dc, de = jax.grad(loss("cuda"))(f), jax.grad(loss("einsum"))(f)
     np.testing.assert_allclose(dc, de, rtol=0, atol=1e-8 * float(jnp.max(jnp.abs(de))))
 
@@ -221,7 +221,7 @@ def test_gs_csr_kernel_equals_segment_and_copies_agree(lead):
 
     nb = number_nodes(box_mesh((3, 2, 2), 4, periodic=(True, False, False)))
     seg = make_gs(nb.gid, nb.num_global, "segment")
-    csr = make_gs(nb.gid, nb.num_global, "auto")
+    csr = make_gs(nb.gid, nb.num_global, "csr")
     assert csr.layout == "csr" and csr.csr_off is not None
     u = jax.random.normal(jax.random.PRNGKey(5), lead + nb.gid.shape)
     got, want = gs_apply(csr, u), gs_apply(seg, u)
@@ -241,19 +241,19 @@ def test_gs_csr_kernel_equals_segment_and_copies_agree(lead):
 
 
 @gpu
-@pytest.mark.parametrize("impl", ["einsum", "cuda"])
-def test_solve_and_gradient_same_with_gs_kernel(impl):
-    """discretize's "auto" gather–scatter (the CUDA gather kernel on one GPU) against "segment":
-    same solution and same gradient (the kernel's derivative is the segment form's)."""
+def test_solve_and_gradient_same_with_gs_kernel():
+    """The CUDA backend's gather–scatter (the gather kernel on one GPU) and element kernels
+    against the einsum backend's segment sums: same solution and same gradient (the kernel's
+    derivative is the segment form's)."""
     mesh = box_mesh((3, 3, 2), 4, deform=0.1)
-    a = poisson.bp_discretize(mesh, 5)
-    b = poisson.bp_discretize(mesh, 5, gs_layout="segment")
+    a = poisson.bp_discretize(mesh, 5, backend="cuda")
+    b = poisson.bp_discretize(mesh, 5, backend="einsum")
     assert a.gs.layout == "csr" and b.gs.layout == "segment"
     f = 1.0 + 0.5 * jnp.cos(jnp.arange(a.geom.B.size).reshape(a.geom.B.shape))
-    ua, ia = poisson.solve(a, f, tol=1e-12, impl=impl)
-    ub, ib = poisson.solve(b, f, tol=1e-12, impl=impl)
+    ua, ia = poisson.solve(a, f, tol=1e-12)
+    ub, ib = poisson.solve(b, f, tol=1e-12)
     assert abs(int(ia.iterations) - int(ib.iterations)) <= 1
     np.testing.assert_allclose(ua, ub, rtol=0, atol=1e-10 * float(jnp.max(jnp.abs(ub))))
-    loss = lambda sem: lambda f: jnp.sum(poisson.solve(sem, f, tol=1e-12, impl=impl)[0] ** 2)
+    loss = lambda sem: lambda f: jnp.sum(poisson.solve(sem, f, tol=1e-12)[0] ** 2)
     ga, gb = jax.grad(loss(a))(f), jax.grad(loss(b))(f)
     np.testing.assert_allclose(ga, gb, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(gb))))

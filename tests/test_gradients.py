@@ -12,12 +12,16 @@ difference error (O(ε²) truncation, O(tol/ε) solver noise) is ~1e-9.
 
 import warnings
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxsem import inverse
+from jaxsem.backends import Backend
+from jaxsem.backends.cuda import cuda_available
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
@@ -26,10 +30,8 @@ TOL, MAXITER = 1e-14, 300
 RTOL = 1e-6
 
 SOLVERS = {
-    "custom_linear_solve": lambda sem, f, h1, h2, impl="einsum": poisson.solve(sem, f, h1, h2, tol=TOL,
-                                                                               maxiter=MAXITER, impl=impl),
-    "custom_vjp": lambda sem, f, h1, h2, impl="einsum": inverse.solve(sem, f, h1, h2, tol=TOL, maxiter=MAXITER,
-                                                                      impl=impl),
+    "custom_linear_solve": lambda sem, f, h1, h2: poisson.solve(sem, f, h1, h2, tol=TOL, maxiter=MAXITER),
+    "custom_vjp": lambda sem, f, h1, h2: inverse.solve(sem, f, h1, h2, tol=TOL, maxiter=MAXITER),
 }
 
 
@@ -51,7 +53,7 @@ def _smooth_field(key, x, modes=3):
 @pytest.fixture(scope="module")
 def problem():
     """Curved (2, 2, 1) mesh, order 3, Gauss q = N + 2 quadrature (J ≠ I, q ≠ n), Dirichlet."""
-    sem = discretize(box_mesh((2, 2, 1), order=3, deform=0.1), quadrature="gauss")
+    sem = discretize(box_mesh((2, 2, 1), order=3, deform=0.1), quadrature="gauss", backend="einsum")
     shape = sem.geom.B.shape  # (E, q, q, q)
     xq = sem.geom.xq
     fq = 1.0 + 0.5 * jnp.cos(2 * xq[0] + xq[1])            # array part of the source
@@ -73,12 +75,12 @@ def problem():
     return sem, fq, source, h1, h2, target, dirs
 
 
-def _make_loss(sem, source, target, solver, coordinates=True, impl="einsum"):
+def _make_loss(sem, source, target, solver, coordinates=True):
     """L = ‖u − t‖² / ‖t‖² (mass-weighted on the deformed mesh) of u(f, h₁, h₂, x)."""
 
     def loss(fq, h1, h2, x):
         s = sem.with_coordinates(x) if coordinates else sem
-        u, _ = SOLVERS[solver](s, lambda *p: fq + source(*p), h1, h2, impl=impl)
+        u, _ = SOLVERS[solver](s, lambda *p: fq + source(*p), h1, h2)
         return s.norm(u - target) ** 2 / s.norm(target) ** 2
 
     return loss
@@ -156,13 +158,15 @@ def test_per_element_coefficients(problem):
     assert float(jnp.abs(u_e - u_p).max()) < 1e-13 * float(jnp.abs(u_p).max())
 
 
+@pytest.mark.skipif(not cuda_available(), reason="the CUDA backend needs a CUDA GPU")
 @pytest.mark.parametrize("solver", list(SOLVERS))
-def test_fused_kernels_give_the_same_gradients(problem, per_point, solver):
-    """impl="fused" (Gauss stiffness + mass kernels, interpret mode here) in the forward and
-    adjoint PCG: the loss and its gradient w.r.t. f, h1, h2 and the coordinates equal einsum's."""
+def test_cuda_kernels_give_the_same_gradients(problem, per_point, solver):
+    """The CUDA backend (Gauss stiffness + mass kernels) in the forward and adjoint PCG: the loss
+    and its gradient w.r.t. f, h1, h2 and the coordinates equal einsum's."""
     sem, _, source, _, _, target, _ = problem
+    sem = dataclasses.replace(sem, backend=Backend("cuda"))
     params, out = per_point
-    value, grads = jax.jit(jax.value_and_grad(_make_loss(sem, source, target, solver, impl="fused"),
+    value, grads = jax.jit(jax.value_and_grad(_make_loss(sem, source, target, solver),
                                               argnums=(0, 1, 2, 3)))(*params)
     ref_loss, ref_grads = out[solver]
     assert float(value) == pytest.approx(float(ref_loss(*params)), rel=1e-12)

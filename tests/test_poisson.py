@@ -84,34 +84,38 @@ def test_bad_bp():
 
 
 @pytest.mark.parametrize("bp", [1, 4, 5])
-def test_solve_fused_kernels_match_einsum(bp):
-    """impl="fused" (Pallas, interpret mode on a CPU) gives the einsum path's iterates and, through
-    the implicit adjoint, its gradients w.r.t. the coefficient and the source; kernels() says
-    which one runs; a bad impl is named."""
-    sem = poisson.bp_discretize(box_mesh((1, 1, 2), 2, deform=0.1), bp)
+def test_backend_auto_matches_einsum(bp):
+    """backend="auto" (the CUDA kernels on a GPU, einsum elsewhere) gives the einsum path's
+    iterates and, through the implicit adjoint, its gradients w.r.t. the coefficient and the
+    source; the choice is made once and kept on the discretization; bad choices are named."""
+    mesh = box_mesh((1, 1, 2), 2, deform=0.1)
+    sems = {b: poisson.bp_discretize(mesh, bp, backend=b) for b in ("einsum", "auto")}
+    on_gpu = cuda_kernels.cuda_available()
+    assert sems["einsum"].backend.name == "einsum" and sems["einsum"].backend.transposable
+    assert sems["auto"].backend.name == ("cuda" if on_gpu else "einsum")
+    assert sems["auto"].gs.layout == ("csr" if on_gpu else "segment")
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)
-    run = lambda impl: jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=0.0, maxiter=8, impl=impl))(sem)
-    (u_e, i_e), (u_f, i_f) = run("einsum"), run("fused")
-    np.testing.assert_allclose(np.asarray(u_f), np.asarray(u_e), rtol=0, atol=1e-12 * float(jnp.abs(u_e).max()))
-    h_e, h_f = np.asarray(i_e.history), np.asarray(i_f.history)
-    np.testing.assert_allclose(h_f, h_e, rtol=1e-9, atol=1e-12 * h_e[0])
-    b = poisson.load(sem, ms.f)
+    run = lambda sem: jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=0.0, maxiter=8))(sem)
+    (u_e, i_e), (u_a, i_a) = run(sems["einsum"]), run(sems["auto"])
+    np.testing.assert_allclose(np.asarray(u_a), np.asarray(u_e), rtol=0, atol=1e-12 * float(jnp.abs(u_e).max()))
+    h_e, h_a = np.asarray(i_e.history), np.asarray(i_a.history)
+    np.testing.assert_allclose(h_a, h_e, rtol=1e-9, atol=1e-12 * h_e[0])
+    b = poisson.load(sems["einsum"], ms.f)
 
-    def loss(impl):  # the coefficient BPk has (h1 or h2) scaled by c; the source as rhs
+    def loss(sem):  # the coefficient BPk has (h1 or h2) scaled by c; the source as rhs
         def f(c, rhs):
             u, _ = poisson.solve(sem, None, c * h1 if h1 else 0.0, c * h2 if h2 else 0.0, tol=1e-13,
-                                 maxiter=200, rhs=rhs, impl=impl)
+                                 maxiter=200, rhs=rhs)
             return jnp.sum(u**2)
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(1.3, b)
 
-    (v_e, (gc_e, gb_e)), (v_f, (gc_f, gb_f)) = loss("einsum"), loss("fused")
-    assert float(v_f) == pytest.approx(float(v_e), rel=1e-12)
-    assert float(gc_f) == pytest.approx(float(gc_e), rel=1e-10) and float(gc_e) != 0.0
-    np.testing.assert_allclose(np.asarray(gb_f), np.asarray(gb_e), rtol=0, atol=1e-10 * float(jnp.abs(gb_e).max()))
-    on_gpu = cuda_kernels.cuda_available()  # auto: the CUDA kernels there, einsum elsewhere
-    assert poisson.kernels(sem, b, h1, h2, "auto") == ("cuda" if on_gpu else "einsum")
-    assert poisson.kernels(sem, b, h1, h2, "fused") == "pallas"
+    (v_e, (gc_e, gb_e)), (v_a, (gc_a, gb_a)) = loss(sems["einsum"]), loss(sems["auto"])
+    assert float(v_a) == pytest.approx(float(v_e), rel=1e-12)
+    assert float(gc_a) == pytest.approx(float(gc_e), rel=1e-10) and float(gc_e) != 0.0
+    np.testing.assert_allclose(np.asarray(gb_a), np.asarray(gb_e), rtol=0, atol=1e-10 * float(jnp.abs(gb_e).max()))
+    with pytest.raises(ValueError, match="backend"):
+        poisson.bp_discretize(mesh, bp, backend="pallas")
     if not on_gpu:
-        with pytest.raises(ValueError, match="impl"):
-            poisson.solve(sem, ms.f, h1, h2, impl="cuda")
+        with pytest.raises(ValueError, match="backend 'cuda'"):
+            poisson.bp_discretize(mesh, bp, backend="cuda")

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+from jaxsem.backends.cuda import cuda_available
+
+AUTO = "cuda" if cuda_available() else "einsum"
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -28,10 +32,10 @@ def test_roofline_tiny_cpu_run(roofline, tmp_path):
     assert res["bandwidth_bytes_per_second"] > 0 and res["dtype"] == "float64"
     rows = [r for r in res["rows"] if "dofs_per_second" in r]
     assert not [r for r in res["rows"] if "error" in r]
-    assert {(r["problem"], r["impl_requested"]) for r in rows} == {
-        (p, i) for p in ("bk1", "bp5") for i in ("einsum", "fused")}
+    assert {(r["problem"], r["backend_requested"]) for r in rows} == {
+        (p, i) for p in ("bk1", "bp5") for i in ("einsum", "auto")}
     for r in rows:
-        assert r["impl"] == ("einsum" if r["impl_requested"] == "einsum" else "pallas")
+        assert r["backend"] == ("einsum" if r["backend_requested"] == "einsum" else AUTO)
         assert r["percent_of_ceiling"] > 0 and r["ceiling_dofs_per_second"] > 0
         assert r["bytes_per_dof"] == pytest.approx(res["bytes_per_dof"][r["problem"]][str(r["order"])])
     fit = res["fits"]["bp5_einsum_p2"]
@@ -46,7 +50,7 @@ def test_fit_n08_and_budget(roofline, tmp_path):
     assert f["n08"] == pytest.approx(4e5)
     assert roofline.fit_n08(rows[:1]) is None
     out = str(tmp_path / "b.json")
-    roofline.main(["--problems", "bk5", "--sizes", "100", "--impls", "einsum", "--budget-seconds", "0",
+    roofline.main(["--problems", "bk5", "--sizes", "100", "--backends", "einsum", "--budget-seconds", "0",
                    "--no-plot", "--out", out])
     res = json.load(open(out))
     assert res["rows"] == [] and len(res["skipped"]) == 1

@@ -41,8 +41,9 @@ from ..core import basis
 from ..parallel.comm import allreduce_sum
 from ..mesh.box import _check_int_triple, box_mesh
 from ..models import poisson
-from ..operators.bk import BK_SPECS, bk_apply, bk_impl
-from ..solvers.pcg import pcg, weighted_dots
+from ..backends import BACKENDS
+from ..operators.bk import BK_SPECS, bk_apply
+from ..solvers.pcg import pcg
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
@@ -166,13 +167,10 @@ def _time(fn, args, repeats, inner: int = 1):
     return out, times
 
 
-IMPLS = ("auto", "einsum", "fused", "pallas", "cuda")
-
-
-def _check_impl(impl):
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return impl
+def _check_backend(backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
 
 
 def _note(progress, msg):
@@ -192,7 +190,7 @@ def bench_bk(
     bandwidth: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
-    impl: str = "auto",
+    backend: str = "auto",
 ) -> dict:
     """Time the jitted BKk element operator on a random E-vector.
 
@@ -204,11 +202,10 @@ def bench_bk(
         geometry; all six factors are stored either way).
       bandwidth: memory bandwidth in bytes/s for ``percent_of_ceiling``.
       progress: optional callback receiving one-line status messages.
-      impl: element kernel, ``"auto"`` (fused Pallas on a GPU, einsum
-        elsewhere), ``"einsum"`` or ``"fused"``/``"pallas"``; the result's
-        ``impl`` says which one ran.
+      backend: element kernels, as :func:`jaxsem.discretize`; the result's ``backend``
+        says which ran.
 
-    Returns a dict: problem, impl [, cuda_variant, cuda_prefetch where impl is "cuda"], order,
+    Returns a dict: problem, backend [, cuda_variant, cuda_prefetch with "cuda"], order,
     elements, num_elements, components, points,
     dofs, dtype, deform, iterations (1), repeats, inner (applies per timed sample), seconds,
     seconds_min, times, setup_seconds, compile_seconds, dofs_per_second
@@ -216,12 +213,12 @@ def bench_bk(
     ceiling_dofs_per_second, percent_of_ceiling].
     """
     repeats = _check_positive_int(repeats, "repeats")
-    impl = _check_impl(impl)
-    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress, impl=impl)
-    return _bench("bk", k, order, elements, dtype, deform, bandwidth, progress, timer)
+    backend = _check_backend(backend)
+    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
+    return _bench("bk", k, order, elements, dtype, deform, bandwidth, progress, timer, backend)
 
 
-def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) -> dict:
+def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, backend) -> dict:
     """Validate, discretize BPk's box mesh once (timed as setup), run ``timer``, add rates."""
     k = _check_k(k)
     order = basis._check_order(order)
@@ -232,7 +229,7 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) 
 
     _note(progress, f"setting up {kind}{k}: order {order}, elements {ne}")
     t0 = time.perf_counter()
-    sem = poisson.bp_discretize(box_mesh(ne, order, deform=deform), k, dtype=dt)
+    sem = poisson.bp_discretize(box_mesh(ne, order, deform=deform), k, dtype=dt, backend=backend)
     jax.block_until_ready(sem)
     setup = time.perf_counter() - t0
     result = timer(spec, sem)
@@ -242,14 +239,9 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer) 
     return _rates(result, bandwidth)
 
 
-def _impl_used(spec, impl, u, J=None):
-    """Which kernel ``impl`` resolves to for this problem (for the record): "einsum", "pallas" or "cuda"."""
-    return bk_impl(spec, u, J, impl)
-
-
 def _kernel_record(spec, used: str, u) -> dict:
     """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
-    (:func:`jaxsem.operators.cuda_kernels.defaults` for this operator and ``u``)."""
+    (:func:`jaxsem.backends.cuda.defaults` for this operator and ``u``)."""
     if used != "cuda":
         return {}
     from ..backends import cuda as ck
@@ -261,12 +253,9 @@ def _kernel_record(spec, used: str, u) -> dict:
 BK_INNER = 5  # applies per timed BK sample, dispatched back to back (see _time)
 
 
-def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: str = "auto",
-            inner: int = BK_INNER) -> dict:
-    """Time BK ``spec`` on an existing discretization ``sem`` (see :func:`bench_bk`).
+def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, inner: int = BK_INNER) -> dict:
+    """Time BK ``spec`` with ``sem.backend``'s kernels on ``sem`` (see :func:`bench_bk`).
 
-    ``impl``: ``"auto"`` (the CUDA kernels where nvcc builds them, else einsum), ``"einsum"``,
-    ``"pallas"``/``"fused"``, ``"cuda"``.
     Each of the ``repeats`` samples queues ``inner`` applies and waits once
     (per-apply time = elapsed / inner): a single apply of a few hundred µs
     would otherwise carry the host's dispatch and synchronisation latency.
@@ -278,7 +267,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: st
 
     _note(progress, "compiling...")
     t0 = time.perf_counter()
-    fn = jax.jit(lambda u, J, Dt, G, B: bk_apply(spec, u, J, Dt, G, B, impl=impl)).lower(*args).compile()
+    fn = jax.jit(lambda u, J, Dt, G, B: bk_apply(spec, u, J, Dt, G, B, sem.backend)).lower(*args).compile()
     jax.block_until_ready(fn(*args))  # warm-up
     compile_s = time.perf_counter() - t0
 
@@ -288,9 +277,9 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, impl: st
     E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
     points = E * sem.order**3
     dofs = spec.components * points
-    used = _impl_used(spec, impl, u, sem.J)
+    used = sem.backend.name
     return dict(
-        problem=f"bk{spec.number}", impl=used, **_kernel_record(spec, used, u), order=sem.order, num_elements=E,
+        problem=f"bk{spec.number}", backend=used, **_kernel_record(spec, used, u), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(dt).name,
         iterations=1, repeats=repeats, inner=inner, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs / seconds,
@@ -309,7 +298,7 @@ def bench_bp(
     deform: float = 0.1,
     bandwidth: float | None = None,
     progress: Callable[[str], None] | None = None,
-    impl: str = "auto",
+    backend: str = "auto",
 ) -> dict:
     """Time ``iterations`` Jacobi-PCG iterations of BPk, compiled as one function.
 
@@ -322,26 +311,16 @@ def bench_bp(
     Returns the keys of :func:`bench_bk` (with ``iterations`` the count PCG
     performed and ``dofs_per_second = dofs · iterations / seconds``) plus
     ``converged`` (None: no stopping test in fixed-iteration mode) and
-    ``residual_reduction`` (‖r‖/‖b‖ after the run). ``impl``: as in :func:`bench_bk`.
+    ``residual_reduction`` (‖r‖/‖b‖ after the run). ``backend``: as in :func:`bench_bk`.
     """
     iterations = _check_positive_int(iterations, "iterations")
     repeats = _check_positive_int(repeats, "repeats")
-    impl = _check_impl(impl)
-    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress,
-                                      impl=impl)
-    return _bench("bp", k, order, elements, dtype, deform, bandwidth, progress, timer)
+    backend = _check_backend(backend)
+    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
+    return _bench("bp", k, order, elements, dtype, deform, bandwidth, progress, timer, backend)
 
 
-def bp_operator(spec, sem, impl: str = "auto"):
-    """BP ``spec``'s assembled operator u ↦ mask·QQᵀ A_e u with BK ``spec``'s kernel ``impl``.
-
-    The same map as ``poisson.operator(sem, *poisson.coefficients(k))`` (h₁, h₂ ∈ {0, 1}),
-    with every BK, not only BK5/BK6, able to run its fused kernel.
-    """
-    return lambda u: sem.mask * sem.dssum(bk_apply(spec, u, sem.J, sem.Dt, sem.geom.G, sem.geom.B, impl=impl))
-
-
-def bp_run(spec, sem, iterations: int, impl: str = "auto"):
+def bp_run(spec, sem, iterations: int):
     """BP ``spec``'s fixed-iteration PCG solve on ``sem`` as ``(run, args)``: ``run(*args)``
     (jittable) does ``iterations`` Jacobi-PCG iterations (tol = 0) on b = load(f_manufactured)
     and returns ``(x, PCGInfo)``; ``args = (sem, b, dinv)``, built here."""
@@ -351,21 +330,20 @@ def bp_run(spec, sem, iterations: int, impl: str = "auto"):
     dinv = poisson.jacobi(sem, h1, h2)
 
     def run(sem, b, dinv):
-        A = bp_operator(spec, sem, impl)
-        dots = weighted_dots(sem.mult, lambda s: allreduce_sum(s, sem.comm))  # sem.dots, one reduction
-        return pcg(A, b, dot=sem.dot, dots=dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
+        A = poisson.operator(sem, h1, h2)
+        return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     return run, (sem, b, dinv)
 
 
-def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, impl: str = "auto") -> dict:
+def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -> dict:
     """Time ``iterations`` PCG iterations of BP ``spec`` on ``sem`` (see :func:`bench_bp`).
 
-    ``sem`` must carry BP ``spec``'s quadrature and boundary conditions.
-    ``impl``: the element operator's kernel (:func:`bp_operator`).
+    ``sem`` must carry BP ``spec``'s quadrature and boundary conditions; the kernels are
+    ``sem.backend``'s.
     """
     k = spec.number
-    run, args = bp_run(spec, sem, iterations, impl)
+    run, args = bp_run(spec, sem, iterations)
     b = args[1]
     jax.block_until_ready(args)
 
@@ -383,9 +361,9 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None, i
     points = E * sem.order**3
     dofs = spec.components * points
     r0 = float(info.residual0)
-    used = _impl_used(spec, impl, b, sem.J)
+    used = sem.backend.name
     return dict(
-        problem=f"bp{k}", impl=used, **_kernel_record(spec, used, b), order=sem.order, num_elements=E,
+        problem=f"bp{k}", backend=used, **_kernel_record(spec, used, b), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

@@ -23,6 +23,7 @@ import platform as _platform
 import sys
 import time
 
+from ..backends import BACKENDS
 from ..core.basis import MAX_ORDER
 
 __all__ = ["main", "solve_poisson"]
@@ -104,9 +105,9 @@ def _build_parser() -> _Parser:
                    help="relative residual tolerance, 0 < tol < 1 (default 1e-10; 1e-5 for float32)")
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
-    s.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default=None,
-                   help="poisson: element kernels, the CUDA kernels where nvcc builds them and einsum "
-                        "elsewhere (auto, default), or force one (fused: Pallas)")
+    s.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="poisson: element kernels, the CUDA kernels where they run and einsum "
+                        "elsewhere (auto, default), or force one")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
         s.add_argument(flag, default=None, **kw)
     for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
@@ -123,9 +124,9 @@ def _build_parser() -> _Parser:
                    help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
     b.add_argument("--bandwidth", default=None, metavar="GBPS",
                    help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
-    b.add_argument("--impl", choices=("auto", "einsum", "fused", "cuda"), default="auto",
-                   help="element kernel: the CUDA kernels where nvcc builds them and einsum elsewhere "
-                        "(auto, default), or force one (fused: Pallas)")
+    b.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="element kernels: the CUDA kernels where they run and einsum elsewhere "
+                        "(auto, default), or force one")
     common(b)
 
     i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")
@@ -151,10 +152,10 @@ def _validate(parser: _Parser, args) -> None:
         fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
     if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
         fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
-    if getattr(args, "impl", None) == "cuda":
+    if getattr(args, "backend", None) == "cuda":
         from ..backends.cuda import cuda_available
         if not cuda_available():
-            fail("argument --impl: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
+            fail("argument --backend: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
         given = [f for f in {**MAXWELL_ARGS, **ADVECTION_ARGS} if getattr(args, f[2:].replace("-", "_")) is not None]
         takes = {f: ["maxwell"] * (f in MAXWELL_ARGS) + ["advection"] * (f in ADVECTION_SHARED or f in ADVECTION_ARGS)
@@ -163,8 +164,8 @@ def _validate(parser: _Parser, args) -> None:
             if args.problem not in takes[f]:
                 where = " and ".join("'solve " + p + "'" for p in takes[f])
                 fail(f"argument {f}: applies to {where} only")
-        if args.impl is not None and args.problem != "poisson":
-            fail("argument --impl: applies to 'solve poisson' only")
+        if args.backend is not None and args.problem != "poisson":
+            fail("argument --backend: applies to 'solve poisson' only")
         if args.problem in ("advection", "maxwell"):
             defaults = ADVECTION_DEFAULTS if args.problem == "advection" else MAXWELL_DEFAULTS
             for key, value in defaults.items():
@@ -282,11 +283,11 @@ def _fmt_rate(x) -> str:
 # ----------------------------------------------------------------------------- solve
 
 def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
-                  dtype="float64", progress=None, impl="auto") -> dict:
+                  dtype="float64", progress=None, backend="auto") -> dict:
     """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
 
-    ``impl``: element kernels (:func:`jaxsem.models.poisson.local_operator`; ``"auto"``:
-    fused on a GPU, einsum elsewhere).
+    ``backend``: element kernels (:func:`jaxsem.discretize`; ``"auto"``: the CUDA kernels
+    on a GPU, einsum elsewhere).
     The solve is compiled ahead of time (``compile_seconds``) and then run once
     (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
     ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
@@ -303,13 +304,14 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     note = progress or (lambda m: None)
     spec = BK_SPECS[bp]
     note(f"discretizing: BP{bp}, order {order}, elements {tuple(elements)}, deform {deform}, {dtype}")
-    sem = poisson.bp_discretize(box_mesh(tuple(elements), order, deform=deform), bp, dtype=jnp.dtype(dtype))
+    sem = poisson.bp_discretize(box_mesh(tuple(elements), order, deform=deform), bp, dtype=jnp.dtype(dtype),
+                                backend=backend)
     h1, h2 = poisson.coefficients(bp)
     m = poisson.manufactured(bp)
 
     note("compiling...")
     t0 = time.perf_counter()
-    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter, impl=impl))
+    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter))
     compiled = fn.lower(sem).compile()
     compile_s = time.perf_counter() - t0
 
@@ -321,14 +323,13 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
 
     l2, linf = poisson.relative_errors(sem, u, m.u)
     its = int(info.iterations)
-    kernel = poisson.kernels(sem, u, h1, h2, impl)
     points, dofs = count_dofs(spec.components, order, elements)
     r0 = float(info.residual0)
     return dict(
         problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
         components=spec.components, order=order, elements=list(elements),
         num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
-        deform=float(deform), tol=tol, maxiter=maxiter, impl=kernel, iterations=its,
+        deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, iterations=its,
         converged=bool(info.converged),
         residual=float(info.residual) / r0 if r0 > 0 else float(info.residual),
         error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
@@ -351,7 +352,7 @@ def _report_solve(r: dict) -> str:
         f"relative residual {r['residual']:.2e})",
         f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
         f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
-        f"{r['compile_seconds']:.2f} s compile, {r['impl']} element kernels",
+        f"{r['compile_seconds']:.2f} s compile, {r['backend']} element kernels",
         f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), "
         f"ranks {r['ranks']}, jax {r['jax_version']}",
     ])
@@ -512,7 +513,7 @@ def main(argv=None) -> int:
             code = 0 if result["converged"] else 1
         elif args.command == "solve":
             result = solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
-                                   args.maxiter, args.dtype, progress=log, impl=args.impl or "auto")
+                                   args.maxiter, args.dtype, progress=log, backend=args.backend or "auto")
             result.update(_env())
             text = _report_solve(result)
             code = 0 if result["converged"] else 1
@@ -525,7 +526,7 @@ def main(argv=None) -> int:
                 bw = measure_bandwidth()
             kw = {} if args.repeats is None else dict(repeats=args.repeats)
             result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
-                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, impl=args.impl, **kw)
+                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, backend=args.backend, **kw)
             result.update(_env())
             text = _report_bench(result)
             code = 0

@@ -270,7 +270,6 @@ def discretize_dg(
     mesh: Mesh,
     dtype=jnp.float64,
     numbering: Numbering | None = None,
-    gs_layout: str = "segment",
     connectivity: FaceConnectivity | None = None,
     comm: Comm | None = None,
     partition: np.ndarray | None = None,
@@ -303,10 +302,10 @@ def discretize_dg(
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (Eg,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({Eg},) ranks in [0, {comm.size})")
-        fgs, elements = make_gs_distributed(conn.fid, part, comm, layout=gs_layout, dtype=dtype)
+        fgs, elements = make_gs_distributed(conn.fid, part, comm, dtype=dtype)
         halo, halo_map = halo_plan(fgs, N)
     else:
-        fgs, elements = make_gs(conn.fid, conn.num_ids, layout=gs_layout, dtype=dtype), np.arange(Eg)
+        fgs, elements = make_gs(conn.fid, conn.num_ids, dtype=dtype), np.arange(Eg)
         halo = halo_map = None
     x = np.asarray(mesh.x)[:, elements]
     geom = geometric_factors(jnp.asarray(x, jnp.float64), quadrature(N, "gll"))

@@ -2,27 +2,18 @@
 
 An E-vector ``u: (..., E, n, n, n)`` holds one value per local node. ``Qᵀ``
 sums the copies of each global node, ``Q`` copies the sums back, so
-``gs(u) = take(segment_sum(u, gid), gid)``. Four layouts compute the same sum:
+``gs(u) = take(segment_sum(u, gid), gid)``. Two layouts compute the same sum:
 
-* ``"segment"``: ``segment_sum`` over the E-vector order (unsorted ids);
-* ``"sorted"``: permute the E-vector so ids ascend, then ``segment_sum`` with
-  ``indices_are_sorted=True``;
-* ``"padded"``: for each global node, a fixed-width (max multiplicity, ≤ 8 for
-  a conforming hex mesh without periodic wrap onto itself) list of its copies,
-  padded with a pointer to a zero slot; a gather and a sum over that axis.
+* ``"segment"``: ``segment_sum`` over the E-vector order, then ``take`` (every
+  platform, every transport);
 * ``"csr"``: a gather only, no global array: each local node of a shared node
   reads the list of all its node's copies (compressed rows ``csr_off``,
   ``csr_idx``; the same order for every copy, so all copies get bit-identical
-  sums) and a node with one copy keeps its value. On a GPU with the CUDA
-  kernels it is one kernel (``cuda_kernels.gs_csr_cuda``): no zero fill of the
-  global array, no atomics, no second gather downstream (ncu, BP6 on an H100:
-  the segment form's zero fill and scatter took 0.23 + 0.66 of 5.6 ms per PCG
-  iteration, ``experiments/results/profile_bp6_h100.json``); elsewhere, and on a
-  distributed plan, it computes with the ``"segment"`` form.
-* ``"auto"`` (what :func:`jaxsem.discretize` asks for): ``"csr"`` where the CUDA
-  kernels run and the plan is not distributed, else ``"segment"``.
+  sums) and a node with one copy keeps its value. It is one CUDA kernel
+  (:func:`jaxsem.backends.cuda.gs_csr_cuda`): no zero fill of a global array, no
+  atomics. The ``"cuda"`` backend takes it on one device.
 
-All are linear and their transposes are themselves (QQᵀ is symmetric), which
+Both are linear and their transposes are themselves (QQᵀ is symmetric), which
 JAX's autodiff of ``segment_sum``/``take`` finds by itself; the CUDA form's
 derivative is the ``"segment"`` form's.
 
@@ -47,10 +38,10 @@ import numpy as np
 from ..parallel import comm as _comm
 from ..mesh.partition import rank_pairs
 
-__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "gs_uses_kernel",
+__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply",
            "exchange_received", "received_positions", "LAYOUTS"]
 
-LAYOUTS = ("segment", "sorted", "padded", "csr", "auto")
+LAYOUTS = ("segment", "csr")
 
 
 @jax.tree_util.register_dataclass
@@ -86,37 +77,10 @@ def _round_messages(ex: Exchange, s):
     """
     bufs = [s[..., i] for i in ex.idx]
     if isinstance(ex.comm, _comm.ShardComm):
-        if ex.comm.exchange == "alltoall" and bufs:
-            return _alltoall_messages(ex, bufs)
         return [jax.lax.ppermute(buf, ex.comm.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
                 for rnd, buf in zip(ex.rounds, bufs)]
     return [_comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm) if p >= 0 else None
             for p, buf in zip(ex.partners, bufs)]
-
-
-def _alltoall_messages(ex: Exchange, bufs):
-    """Every round's message in one ``lax.all_to_all`` (ShardComm ``exchange="alltoall"``).
-
-    Row q of a ``(P + 1, M)`` send buffer holds this shard's message to rank q
-    (M: the longest round; row P collects the rounds this shard sits out); after
-    the all-to-all, row q holds what rank q sent here, and round r reads the row
-    of its partner (a zero row when it has none).
-    """
-    P, R = ex.comm.size, len(bufs)
-    table = np.full((R, P), P, np.int32)  # partner of each rank in each round; P = none
-    for r, rnd in enumerate(ex.rounds):
-        for a, b in rnd:
-            table[r, a], table[r, b] = b, a
-    partner = jnp.asarray(table)[:, jax.lax.axis_index(ex.comm.axis_name)]  # (R,)
-    lead, lens = bufs[0].shape[:-1], [b.shape[-1] for b in bufs]
-    M = max(lens)
-    send = jnp.zeros(lead + (P + 1, M), bufs[0].dtype)
-    for r, b in enumerate(bufs):
-        send = send.at[..., partner[r], : lens[r]].set(b)
-    axis = len(lead)
-    recv = jax.lax.all_to_all(send[..., :P, :], ex.comm.axis_name, axis, axis)
-    recv = jnp.concatenate([recv, jnp.zeros(lead + (1, M), recv.dtype)], axis=axis)
-    return [recv[..., partner[r], : lens[r]] for r in range(R)]
 
 
 def exchange_add(ex: Exchange, s):
@@ -166,9 +130,7 @@ class GatherScatter:
     """A gather–scatter plan (pytree; integer sizes are static).
 
     ``gid: (L,)`` int32 global id per local node (L = E·n³, E-vector order);
-    ``perm: (L,)`` order that sorts ``gid`` (``"sorted"`` layout);
-    ``copies: (num_global, width)`` local positions of each node's copies,
-    padded with ``L`` (``"padded"`` layout); ``mult: (E, n, n, n)`` inverse
+    ``mult: (E, n, n, n)`` inverse
     multiplicity 1/(number of copies, over all ranks); ``num_global``: the
     number of distinct nodes this plan sums into (on one rank, all nodes);
     ``exchange``: the neighbour exchange when distributed, else None;
@@ -178,9 +140,6 @@ class GatherScatter:
     """
 
     gid: jax.Array
-    perm: jax.Array
-    gid_sorted: jax.Array
-    copies: jax.Array
     mult: jax.Array
     num_global: int = dataclasses.field(metadata=dict(static=True))
     layout: str = dataclasses.field(metadata=dict(static=True), default="segment")
@@ -201,23 +160,19 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "auto":
-        layout = "csr" if exchange is None and _cuda_gs_available() else "segment"
+    if layout == "csr" and exchange is not None:
+        layout = "segment"  # the gather kernel serves one device; a distributed plan sums segments
     gid = np.asarray(gid)
     flat = gid.reshape(-1).astype(np.int64)
     L = flat.size
     local_counts = np.bincount(flat, minlength=num_global)
     counts = local_counts if counts is None else np.asarray(counts)
-    perm = np.argsort(flat, kind="stable")
-    width = int(local_counts.max()) if L else 1
-    starts = np.concatenate([[0], np.cumsum(local_counts)[:-1]])
-    rank_in_node = np.arange(L) - starts[flat[perm]]
-    copies = np.full((num_global, width), L, dtype=np.int64)
-    copies[flat[perm], rank_in_node] = perm
     itype = np.int32 if L < 2**31 - 1 else np.int64
     mult = (1.0 / counts[flat]).reshape(gid.shape)
     csr_off = csr_idx = None
-    if layout == "csr" and exchange is None:
+    if layout == "csr":
+        perm = np.argsort(flat, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(local_counts)[:-1]])
         # row i (a copy of a shared node g) lists all copies of g in ascending local position:
         # perm[starts[g] : starts[g] + count[g]] (perm is a stable sort by id)
         deg = np.where(local_counts[flat] > 1, local_counts[flat], 0)
@@ -231,9 +186,6 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
         csr_off = jnp.asarray(off.astype(np.int32))
     return GatherScatter(
         gid=jnp.asarray(flat.astype(itype)),
-        perm=jnp.asarray(perm.astype(itype)),
-        gid_sorted=jnp.asarray(flat[perm].astype(itype)),
-        copies=jnp.asarray(copies.astype(itype)),
         mult=jnp.asarray(mult, dtype=dtype),
         num_global=int(num_global),
         layout=layout,
@@ -243,14 +195,7 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
     )
 
 
-def _cuda_gs_available() -> bool:
-    from ..backends import cuda as cuda_kernels
-
-    return cuda_kernels.cuda_available()
-
-
-def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, layout: str = "segment",
-                        dtype=jnp.float64):
+def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dtype=jnp.float64):
     """This rank's gather–scatter plan, from the global numbering and the partition.
 
     Args:
@@ -290,20 +235,13 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, lay
         idx.append(jnp.asarray(np.searchsorted(uniq, shared).astype(np.int32)))
     exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm,
                         rounds=tuple(tuple(map(tuple, rnd)) for rnd in rounds))
-    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, layout, dtype, counts=counts[uniq], exchange=exchange)
+    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, "segment", dtype, counts=counts[uniq], exchange=exchange)
     return plan, elements
 
 
 def _qt(plan: GatherScatter, v):
     """Qᵀ on a flat E-vector ``v: (L,)`` → ``(num_global,)``."""
-    if plan.layout in ("segment", "csr"):
-        return jax.ops.segment_sum(v, plan.gid, num_segments=plan.num_global)
-    if plan.layout == "sorted":
-        return jax.ops.segment_sum(
-            v[plan.perm], plan.gid_sorted, num_segments=plan.num_global, indices_are_sorted=True
-        )
-    padded = jnp.concatenate([v, jnp.zeros((1,), v.dtype)])
-    return jnp.sum(padded[plan.copies], axis=1)
+    return jax.ops.segment_sum(v, plan.gid, num_segments=plan.num_global)
 
 
 def gs_apply(plan: GatherScatter, u):
@@ -313,33 +251,20 @@ def gs_apply(plan: GatherScatter, u):
     """
     shape = u.shape
     lead = shape[: u.ndim - 4]
-    if gs_uses_kernel(plan, u):
+    if plan.layout == "csr":
         C = int(np.prod(lead)) if lead else 1
         return _gs_csr(u.reshape((C, -1)), plan.csr_off, plan.csr_idx, plan.gid, plan.num_global).reshape(shape)
-    if lead and plan.layout in ("segment", "csr"):
+    if lead:
         # one segment_sum over all components, component c's nodes shifted to [c·N, (c+1)·N):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
         # u to (L, C) first, a full extra read and write of u (ncu, BP6 on an H100: 0.40 of 6.0 ms
         # per PCG iteration, experiments/results/profile_bp6_h100.json)
         s = _component_sums(u.reshape((int(np.prod(lead)), -1)), plan.gid, plan.num_global)
-    elif lead:
-        flat = u.reshape((-1, int(np.prod(shape[-4:]))))
-        s = jax.vmap(lambda v: _qt(plan, v))(flat)
     else:
         s = _qt(plan, u.reshape(-1))
     if plan.exchange is not None:
         s = exchange_add(plan.exchange, s)
     return jnp.take(s, plan.gid, axis=-1).reshape(shape)
-
-
-def _csr_kernel_ok(u) -> bool:
-    return u.dtype in (jnp.float32, jnp.float64) and _cuda_gs_available()
-
-
-def gs_uses_kernel(plan: GatherScatter, u) -> bool:
-    """Whether :func:`gs_apply` runs the CUDA gather kernel for ``u`` (then JAX can
-    differentiate it, through its custom JVP, but not transpose it as a linear map)."""
-    return plan.csr_off is not None and plan.exchange is None and _csr_kernel_ok(u)
 
 
 def _component_sums(u2, gid, N):

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..backends import Backend, resolve as resolve_backend
 from ..core import geometry as geo
+from ..core.reduce import weighted_dots
 from ..parallel.comm import Comm, allreduce_sum, get_comm
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from ..mesh.box import Mesh
@@ -41,6 +43,8 @@ class SEM:
       elements: ``(E,)`` global indices of this rank's elements (all on one rank).
       w: ``(q,)`` weights of the operator's quadrature rule.
       order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
+      backend: static :class:`jaxsem.backends.Backend`, the element kernels (and through
+        ``gs``, the gather–scatter) chosen once by :func:`discretize`.
 
     Distributed, each rank holds only its elements; ``dot``, ``integrate`` and
     ``norm`` sum over all ranks, and ``dssum`` exchanges shared nodes.
@@ -60,6 +64,7 @@ class SEM:
     quadrature: str = dataclasses.field(metadata=dict(static=True))
     num_global: int = dataclasses.field(metadata=dict(static=True))
     comm: object = dataclasses.field(metadata=dict(static=True), default=Comm())
+    backend: Backend = dataclasses.field(metadata=dict(static=True), default=Backend())
 
     @property
     def n(self) -> int:
@@ -106,11 +111,9 @@ class SEM:
     def dots(self, pairs):
         """Several weighted inner products ``[(u, v), …]`` with one all-reduce: ``(len(pairs),)``.
 
-        One variadic reduction over all pairs (:func:`jaxsem.solvers.pcg.weighted_dots`), so
-        PCG's (r, z) and (r, r) read r, z and the weights in one pass.
+        One variadic reduction over all pairs, so PCG's (r, z) and (r, r) read r, z and
+        the weights in one pass.
         """
-        from ..solvers.pcg import weighted_dots
-
         return weighted_dots(self.gs.mult, lambda s: allreduce_sum(s, self.comm))(pairs)
 
     def interpolate(self, f: Callable):
@@ -130,7 +133,7 @@ def discretize(
     mesh: Mesh,
     quadrature: str = "gll",
     dirichlet: bool = True,
-    gs_layout: str = "auto",
+    backend: str | Backend = "auto",
     dtype=jnp.float64,
     q: int | None = None,
     numbering: Numbering | None = None,
@@ -143,9 +146,9 @@ def discretize(
       mesh: a :class:`jaxsem.mesh.Mesh`.
       quadrature: ``"gll"`` (collocated, q = N + 1) or ``"gauss"`` (q = N + 2).
       dirichlet: zero Dirichlet conditions on every boundary face (else Neumann).
-      gs_layout: gather–scatter layout, see :mod:`jaxsem.gather_scatter`; ``"auto"``:
-        one CUDA gather kernel (``"csr"``) on one GPU where the CUDA kernels build,
-        ``"segment"`` otherwise.
+      backend: ``"auto"`` (the fused CUDA kernels where they run this order and dtype,
+        the einsum reference elsewhere), ``"einsum"`` or ``"cuda"``; see
+        :mod:`jaxsem.backends`. Resolved here, once, and kept on the result.
       dtype: ``jnp.float64`` (default) or ``jnp.float32``.
       numbering: a :class:`Numbering` of ``mesh`` to reuse (computed if None).
       comm: communicator (default :func:`jaxsem.comm.get_comm`); with several
@@ -170,6 +173,8 @@ def discretize(
             f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__} "
             "(for several devices in one process use jaxsem.shard.discretize_sharded)"
         )
+    quad = geo.quadrature(mesh.order, quadrature, q)
+    kernels = resolve_backend(backend, mesh.order, int(quad.J.shape[0]), dtype)
     mask = np.ones(numbering.gid.shape)
     if dirichlet:
         mask[numbering.boundary_nodes()] = 0.0
@@ -177,11 +182,10 @@ def discretize(
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {comm.size})")
-        plan, elements = make_gs_distributed(numbering.gid, part, comm, gs_layout, dtype)
+        plan, elements = make_gs_distributed(numbering.gid, part, comm, dtype)
     else:
         elements = np.arange(mesh.num_elements)
-        plan = make_gs(numbering.gid, numbering.num_global, gs_layout, dtype)
-    quad = geo.quadrature(mesh.order, quadrature, q)
+        plan = make_gs(numbering.gid, numbering.num_global, kernels.gs_layout, dtype)
     x = jnp.asarray(mesh.x[:, elements], dtype=jnp.float64)
     geom = geo.geometric_factors(x, quad)
     gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
@@ -201,4 +205,6 @@ def discretize(
         quadrature=quadrature,
         num_global=numbering.num_global,
         comm=comm,
+        backend=kernels,
     )
+

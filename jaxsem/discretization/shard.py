@@ -63,7 +63,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from ..parallel.comm import SHARD_EXCHANGES, Comm, ShardComm
+from ..parallel.comm import Comm, ShardComm
 from .sem import SEM, discretize
 from .gather_scatter import Exchange, GatherScatter
 from ..mesh.box import Mesh
@@ -71,8 +71,8 @@ from ..mesh.numbering import number_nodes
 from ..mesh.partition import partition_mesh
 
 __all__ = [
-    "discretize_sharded", "bp_discretize_sharded", "discretize_dg_sharded", "per_rank", "shard_fn", "shard_call",
-    "distribute_elements", "gather_elements", "bp_solver", "run_pcg_sharded", "shard_map",
+    "discretize_sharded", "discretize_dg_sharded", "per_rank", "shard_fn", "shard_call",
+    "distribute_elements", "gather_elements", "bp_solver", "shard_map",
 ]
 
 
@@ -107,7 +107,7 @@ def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
     return np.concatenate([a, extra], axis=axis)
 
 
-def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm):
+def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, round_len: Sequence[int], comm: ShardComm):
     """A rank's gather–scatter plan padded to ``E_max`` elements and ``N_max + 1`` nodes (NumPy leaves).
 
     Works for any per-element block (``n³`` volume nodes, ``6n²`` face points):
@@ -120,10 +120,6 @@ def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, width: int, round_len: Se
     L, L_max, trash = E * block, E_max * block, N_max
     gid = h(gs.gid)
     it = gid.dtype
-    copies = h(gs.copies)
-    copies = np.where(copies == L, L_max, copies)  # the zero slot moves to the new end
-    copies_p = np.full((N_max + 1, width), L_max, dtype=it)  # trash row: no copies, sum 0
-    copies_p[: copies.shape[0], : copies.shape[1]] = copies
     if gs.exchange is None:
         exchange = None
     else:
@@ -133,9 +129,6 @@ def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, width: int, round_len: Se
         exchange = Exchange(idx=idx, partners=(-1,) * len(idx), comm=comm, rounds=ex.rounds)
     return GatherScatter(
         gid=np.concatenate([gid, np.full(L_max - L, trash, it)]),
-        perm=np.concatenate([h(gs.perm), np.arange(L, L_max, dtype=it)]),
-        gid_sorted=np.concatenate([h(gs.gid_sorted), np.full(L_max - L, trash, it)]),
-        copies=copies_p,
         mult=_pad_axis(mult, 0, E_max, 0),
         num_global=N_max + 1,
         layout=gs.layout,
@@ -143,7 +136,7 @@ def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, width: int, round_len: Se
     )
 
 
-def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[int], comm: ShardComm) -> SEM:
+def _pad_rank(sem: SEM, E_max: int, N_max: int, round_len: Sequence[int], comm: ShardComm) -> SEM:
     """Rank-local SEM (NumPy leaves) padded to ``E_max`` elements and ``N_max + 1`` nodes."""
     h = lambda a: np.asarray(a)
     g = sem.geom
@@ -160,7 +153,7 @@ def _pad_rank(sem: SEM, E_max: int, N_max: int, width: int, round_len: Sequence[
         x=_pad_axis(h(sem.x), 1, E_max, "copy0"),
         D=h(sem.D), J=h(sem.J), Dt=h(sem.Dt),
         geom=geom,
-        gs=_pad_gs(sem.gs, E_max, N_max, width, round_len, comm),
+        gs=_pad_gs(sem.gs, E_max, N_max, round_len, comm),
         mask=_pad_axis(h(sem.mask), 0, E_max, 0),
         bmass=_pad_axis(h(sem.bmass), 0, E_max, 0),
         elements=_pad_axis(h(sem.elements).astype(np.int64), 0, E_max, -1),
@@ -183,13 +176,12 @@ def _put_stacked(parts, dmesh: jax.sharding.Mesh):
 
 
 def _plan_sizes(plans):
-    """Common padded sizes of P rank plans: ``(N_max, width, round_len)``."""
+    """Common padded sizes of P rank plans: ``(N_max, round_len)``."""
     N_max = max(p.num_global for p in plans)
-    width = max(int(p.copies.shape[1]) for p in plans)
     ex0 = plans[0].exchange
     nrounds = 0 if ex0 is None else len(ex0.idx)
     round_len = [max(int(p.exchange.idx[k].shape[0]) for p in plans) for k in range(nrounds)]
-    return N_max, width, round_len
+    return N_max, round_len
 
 
 def _device_mesh(devices, axis_name: str) -> jax.sharding.Mesh:
@@ -220,13 +212,8 @@ def _mesh_and_partition(mesh: Mesh, devices, axis_name: str, partition):
     return dmesh, P, part
 
 
-def _check_exchange(exchange):
-    if exchange not in SHARD_EXCHANGES:
-        raise ValueError(f"exchange must be one of {SHARD_EXCHANGES}, got {exchange!r}")
-
-
 def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
-                       exchange: str = "rounds", **discretize_kwargs):
+                       **discretize_kwargs):
     """Discretize ``mesh`` over P devices of this process, as stacked, sharded rank parts.
 
     Args:
@@ -236,9 +223,7 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
       axis_name: name of the device-mesh axis (and of the ``ShardComm``).
       partition: ``(E,)`` rank in ``[0, P)`` of each element (default
         :func:`jaxsem.partition.partition_mesh`); every rank needs ≥ 1 element.
-      exchange: ``"rounds"`` (one ``ppermute`` per round of rank pairs) or
-        ``"alltoall"`` (one ``all_to_all`` for all rounds); see :class:`ShardComm`.
-      **discretize_kwargs: ``quadrature``, ``dirichlet``, ``gs_layout``,
+      **discretize_kwargs: ``quadrature``, ``dirichlet``, ``backend``,
         ``dtype``, ``q``, ``numbering`` of :func:`jaxsem.discretize`.
 
     Returns:
@@ -253,19 +238,18 @@ def discretize_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", parti
     """
     if "comm" in discretize_kwargs:
         raise TypeError("discretize_sharded sets 'comm' itself (ShardComm)")
-    _check_exchange(exchange)
     dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     if discretize_kwargs.get("numbering") is None:
         discretize_kwargs["numbering"] = number_nodes(mesh)
     sems = [discretize(mesh, comm=Comm(rank=r, size=P), partition=part, **discretize_kwargs) for r in range(P)]
     E_max = max(s.num_elements for s in sems)
-    N_max, width, round_len = _plan_sizes([s.gs for s in sems])
-    comm = ShardComm(axis_name=axis_name, size=P, exchange=exchange)
-    padded = [_pad_rank(s, E_max, N_max, width, round_len, comm) for s in sems]
+    N_max, round_len = _plan_sizes([s.gs for s in sems])
+    comm = ShardComm(axis_name=axis_name, size=P)
+    padded = [_pad_rank(s, E_max, N_max, round_len, comm) for s in sems]
     return _put_stacked(padded, dmesh), dmesh
 
 
-def _pad_dg(dg, E_max: int, N_max: int, width: int, round_len: Sequence[int], H_max: int, comm: ShardComm):
+def _pad_dg(dg, E_max: int, N_max: int, round_len: Sequence[int], H_max: int, comm: ShardComm):
     """Rank-local DG (NumPy leaves) padded to ``E_max`` elements; halo lists to ``H_max``."""
     h = lambda a: np.asarray(a)
     halo = halo_map = None
@@ -288,22 +272,21 @@ def _pad_dg(dg, E_max: int, N_max: int, width: int, round_len: Sequence[int], H_
         sJ=_pad_axis(h(dg.sJ), 0, E_max, "copy0"),
         lift=_pad_axis(h(dg.lift), 0, E_max, "copy0"),
         boundary=_pad_axis(h(dg.boundary), 0, E_max, 0),
-        fgs=_pad_gs(dg.fgs, E_max, N_max, width, round_len, comm),
+        fgs=_pad_gs(dg.fgs, E_max, N_max, round_len, comm),
         elements=_pad_axis(h(dg.elements).astype(np.int64), 0, E_max, -1),
         halo=halo, halo_map=halo_map, comm=comm,
     )
 
 
 def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", partition=None,
-                          dtype=jnp.float64, gs_layout: str = "segment", exchange: str = "rounds"):
+                          dtype=jnp.float64):
     """:func:`jaxsem.dg.discretize_dg` over P devices of this process (stacked, sharded rank parts).
 
     The DG counterpart of :func:`discretize_sharded` (same arguments, same
     stacking and padding rules): returns ``(dg_stacked, device_mesh)`` with
     every leaf ``(P, ...)``, e.g. ``x: (P, 3, E_max, n, n, n)``, ``elements:
-    (P, E_max)`` (−1 for dummies), and ``comm = ShardComm(axis_name, P, exchange)``.
-    The face exchange is one ``ppermute`` per round of rank pairs (``exchange="rounds"``)
-    or one ``all_to_all`` (``"alltoall"``).
+    (P, E_max)`` (−1 for dummies), and ``comm = ShardComm(axis_name, P)``.
+    The face exchange is one ``ppermute`` per round of rank pairs.
 
     Dummy elements have ``mass = 0`` and copy rank-local element 0's geometry;
     all their face points map to one trash point, so a field that is 0 on
@@ -314,16 +297,15 @@ def discretize_dg_sharded(mesh: Mesh, devices=None, axis_name: str = "ranks", pa
     """
     from .dg import discretize_dg, face_connectivity
 
-    _check_exchange(exchange)
     dmesh, P, part = _mesh_and_partition(mesh, devices, axis_name, partition)
     conn = face_connectivity(mesh)
-    dgs = [discretize_dg(mesh, dtype=dtype, gs_layout=gs_layout, connectivity=conn, comm=Comm(rank=r, size=P),
+    dgs = [discretize_dg(mesh, dtype=dtype, connectivity=conn, comm=Comm(rank=r, size=P),
                          partition=part) for r in range(P)]
     E_max = max(d.num_elements for d in dgs)
-    N_max, width, round_len = _plan_sizes([d.fgs for d in dgs])
+    N_max, round_len = _plan_sizes([d.fgs for d in dgs])
     H_max = max((int(d.halo.shape[0]) for d in dgs if d.halo is not None), default=0)
-    comm = ShardComm(axis_name=axis_name, size=P, exchange=exchange)
-    padded = [_pad_dg(d, E_max, N_max, width, round_len, H_max, comm) for d in dgs]
+    comm = ShardComm(axis_name=axis_name, size=P)
+    padded = [_pad_dg(d, E_max, N_max, round_len, H_max, comm) for d in dgs]
     return _put_stacked(padded, dmesh), dmesh
 
 
@@ -337,15 +319,6 @@ def per_rank(fn: Callable, stacked, mesh: jax.sharding.Mesh):
     P = mesh.devices.size
     outs = [fn(jax.tree.map(lambda a: np.asarray(a)[r], stacked)) for r in range(P)]
     return _put_stacked(outs, mesh)
-
-
-def bp_discretize_sharded(mesh: Mesh, bp: int, devices=None, axis_name: str = "ranks", partition=None, **kw):
-    """:func:`discretize_sharded` with BPk's quadrature and boundary conditions."""
-    from ..models.poisson import _check_bp
-
-    spec = _check_bp(bp)
-    return discretize_sharded(mesh, devices, axis_name, partition, quadrature=spec.quadrature,
-                              dirichlet=spec.dirichlet, **kw)
 
 
 # --------------------------------------------------------------------------- running
@@ -485,8 +458,3 @@ def bp_solver(mesh: jax.sharding.Mesh, bp: int, tol: float = 0.0, maxiter: int =
 
     return solve
 
-
-def run_pcg_sharded(sem_stacked: SEM, mesh: jax.sharding.Mesh, bp: int, iterations: int = 100,
-                    tol: float = 0.0):
-    """``bp_solver(mesh, bp, tol, iterations)(sem_stacked)``: BPk, returns ``(u_stacked, info)``."""
-    return bp_solver(mesh, int(bp), float(tol), int(iterations))(sem_stacked)

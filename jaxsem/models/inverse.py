@@ -90,7 +90,7 @@ def _warn_adjoint(converged, iterations, residual, residual0):
 
 
 def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, *, rhs=None,
-          method: str = "classic", probe: PCGInfo | None = None, check: bool = True, impl: str = "einsum"):
+          method: str = "classic", probe: PCGInfo | None = None, check: bool = True):
     """:func:`jaxsem.models.poisson.solve` whose backward pass reports the adjoint solve.
 
     Args: as :func:`jaxsem.models.poisson.solve` (``f`` a callable or values at
@@ -98,9 +98,8 @@ def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1
       ``h1, h2`` scalars, ``(E, 1, 1, 1)`` per element or ``(E, q, q, q)`` per
       point); ``probe``: from :func:`adjoint_probe`, receives the adjoint's
       info as its gradient; ``check``: warn when the adjoint does not converge
-      (skipped in fixed-iteration mode, ``tol=0``); ``impl``: the element kernels of the
-      forward and adjoint PCG (``"auto"``: fused on a GPU), the one residual
-      derivative runs the einsum reference.
+      (skipped in fixed-iteration mode, ``tol=0``). The forward and adjoint PCG run
+      ``sem.backend``'s kernels; the one residual derivative runs the einsum reference.
     Returns ``(u, PCGInfo)`` of the forward solve. Differentiable (reverse mode)
     w.r.t. ``f``/``rhs``, ``h1``, ``h2``, the arrays of ``sem`` (hence node
     coordinates through :meth:`SEM.with_coordinates`) and ``probe``.
@@ -109,7 +108,6 @@ def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1
         raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
     if (f is None) == (rhs is None):
         raise ValueError("give exactly one of f (a source) and rhs (an assembled E-vector)")
-    poisson._check_impl(impl)
     # the load is ordinary JAX code: its derivatives (source, geometry) need no adjoint
     b = poisson.load(sem, f) if rhs is None else jnp.asarray(rhs, sem.x.dtype)
     dt = sem.x.dtype
@@ -120,7 +118,7 @@ def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1
                          f"got history shape {probe.history.shape}")
     # a literal 0 stays static (None) so the operator skips that term
     h1, h2 = (None if _is_literal_zero(h) else jnp.asarray(h, dt) for h in (h1, h2))
-    return _solve(tol, maxiter, method, check, impl, sem, b, h1, h2, probe)
+    return _solve(tol, maxiter, method, check, sem, b, h1, h2, probe)
 
 
 def _residual(sem, b, h1, h2, u):
@@ -136,20 +134,20 @@ def _c(h):
     return 0.0 if h is None else h
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _solve(tol, maxiter, method, check, impl, sem, b, h1, h2, probe):
-    return poisson.solve(sem, None, _c(h1), _c(h2), tol=tol, maxiter=maxiter, rhs=b, method=method, impl=impl)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _solve(tol, maxiter, method, check, sem, b, h1, h2, probe):
+    return poisson.solve(sem, None, _c(h1), _c(h2), tol=tol, maxiter=maxiter, rhs=b, method=method)
 
 
-def _solve_fwd(tol, maxiter, method, check, impl, sem, b, h1, h2, probe):
-    u, info = _solve(tol, maxiter, method, check, impl, sem, b, h1, h2, probe)
+def _solve_fwd(tol, maxiter, method, check, sem, b, h1, h2, probe):
+    u, info = _solve(tol, maxiter, method, check, sem, b, h1, h2, probe)
     return (u, info), (sem, b, h1, h2, u)
 
 
-def _solve_bwd(tol, maxiter, method, check, impl, res, cts):
+def _solve_bwd(tol, maxiter, method, check, res, cts):
     sem, b, h1, h2, u = res
     ubar = cts[0]  # the info's cotangents are zero (integers, or unused floats)
-    A = poisson.operator(sem, _c(h1), _c(h2), impl)
+    A = poisson.operator(sem, _c(h1), _c(h2))
     dinv = poisson.jacobi(sem, _c(h1), _c(h2))
     weight = sem.mult * sem.mask
     # Sᵀ ū, exactly the transpose_solve of jaxsem.solvers.pcg.linear_solve

@@ -22,12 +22,8 @@ import numpy as np
 from ..core import geometry as geo
 from ..parallel.comm import allreduce_max, allreduce_sum
 from ..discretization.sem import SEM, discretize
-from ..discretization.gather_scatter import gs_uses_kernel
 from ..mesh.box import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
-from ..operators.fused import (
-    IMPLS, _resolve, mass_auto, stiffness_auto, stiffness_gll_auto,
-)
 from ..operators.tensor import interp, interp_t
 from ..solvers.pcg import linear_solve
 
@@ -61,54 +57,33 @@ def _is_zero(h):
     return isinstance(h, (int, float)) and h == 0
 
 
-def local_operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "auto") -> Callable:
+def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
     """Element operator u ↦ h₁A_e u + h₂B_e u (no assembly) for ``u: (..., E, n, n, n)``.
 
-    ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``.
-    ``impl``: the element kernels' implementation (``"auto"``, the default: the CUDA kernels
-    on a GPU where they build, einsum otherwise; ``"einsum"``, ``"cuda"``, ``"fused"``/``"pallas"``;
-    :func:`jaxsem.operators.fused._resolve`): the collocated stiffness (BP5/6) and, on Gauss
-    points, stiffness and mass (BP1–4). The GPU kernels differentiate through the einsum
-    reference (first and forward-mode derivatives; :mod:`jaxsem.operators.fused`).
+    ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``. The element
+    kernels are those of ``sem.backend`` (:mod:`jaxsem.backends`): the collocated stiffness
+    (BP5/6) and, on Gauss points, stiffness and mass (BP1–4).
     """
-    _check_impl(impl)
     g = sem.geom
     coll = sem.quadrature == "gll"
+    k = sem.backend
 
     def apply(u):
         w = 0.0
         if not _is_zero(h1):
             h = None if _unit(h1) else h1
-            w = (stiffness_gll_auto(u, sem.D, g.G, h, impl=impl) if coll
-                 else stiffness_auto(u, sem.J, sem.Dt, g.G, h, impl=impl))
+            w = k.stiffness_gll(u, sem.D, g.G, h) if coll else k.stiffness(u, sem.J, sem.Dt, g.G, h)
         if not _is_zero(h2):
             h = None if _unit(h2) else h2
-            w = w + ((g.B if h is None else g.B * h) * u if coll else mass_auto(u, sem.J, g.B, h, impl=impl))
+            w = w + ((g.B if h is None else g.B * h) * u if coll else k.mass(u, sem.J, g.B, h))
         return w
 
     return apply
 
 
-def _check_impl(impl):
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-
-
-def kernels(sem: SEM, u, h1=1.0, h2=0.0, impl: str = "auto") -> str:
-    """What :func:`local_operator`'s ``impl`` runs here for ``u``'s shape: ``"pallas"`` or
-    ``"cuda"`` if any of its element kernels is one of those, else ``"einsum"``."""
-    _check_impl(impl)
-    if sem.quadrature == "gll":
-        used = [] if _is_zero(h1) else [_resolve(impl, "stiffness_gll", u)]
-    else:
-        used = ([] if _is_zero(h1) else [_resolve(impl, "stiffness", u, sem.J)]) + \
-               ([] if _is_zero(h2) else [_resolve(impl, "mass", u, sem.J)])
-    return next((k for k in used if k != "einsum"), "einsum")
-
-
-def operator(sem: SEM, h1=1.0, h2=0.0, impl: str = "auto") -> Callable:
-    """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u (``impl``: see :func:`local_operator`)."""
-    loc = local_operator(sem, h1, h2, impl)
+def operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
+    """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u."""
+    loc = local_operator(sem, h1, h2)
     return lambda u: sem.mask * sem.dssum(loc(u))
 
 
@@ -141,7 +116,7 @@ def load(sem: SEM, f):
 
 
 def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
-          method: str = "classic", impl: str = "auto"):
+          method: str = "classic"):
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
@@ -151,26 +126,20 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       h1, h2: coefficients (scalars or ``(E, q, q, q)`` fields).
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
-      impl: element kernels, as :func:`local_operator`: ``"auto"`` (default: the CUDA
-        kernels on a GPU where nvcc builds them, einsum otherwise; `jaxsem solve` BP5 p = 7
-        on an H100: 6.0 against 3.2 GDOF/s, README), ``"einsum"``, ``"cuda"`` or
-        ``"fused"``. The GPU kernels run in every PCG iteration, forward and adjoint; a
-        derivative's one extra operator application (w.r.t. h1, h2, geometry) runs the
-        einsum reference. Second derivatives need "einsum".
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
-    Differentiable w.r.t. f, h1, h2 and the geometry by one adjoint solve.
+    The element kernels are ``sem.backend``'s. Differentiable w.r.t. f, h1, h2 and the
+    geometry by one adjoint solve; with the CUDA backend the adjoint runs the kernels too
+    and the one extra operator application of a derivative runs the einsum reference.
     """
-    _check_impl(impl)
     b = load(sem, f) if rhs is None else rhs
-    A = operator(sem, h1, h2, impl)
+    A = operator(sem, h1, h2)
     dinv = jacobi(sem, h1, h2)
     weight = sem.mult * sem.mask
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
         precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
-        # a Pallas/FFI call (element kernel or the CUDA gather–scatter) has no transpose
-        transposable=kernels(sem, b, h1, h2, impl) == "einsum" and not gs_uses_kernel(sem.gs, b),
+        transposable=sem.backend.transposable,
     )
 
 

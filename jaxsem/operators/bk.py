@@ -10,17 +10,16 @@
 | 6  | 3-vector | stiffness | q = N + 1 GLL        |
 
 A BK applies the unassembled element operator to an E-vector: no gather–scatter.
-Every BK has an einsum reference and a fused Pallas kernel
-(:mod:`jaxsem.operators.fused`); ``bk_apply(..., impl)`` chooses.
+:func:`bk_apply` runs the einsum reference, or the kernels of a discretization's
+backend (:class:`jaxsem.backends.Backend`) when given one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .fused import _resolve, mass_auto, stiffness_auto, stiffness_gll_auto
-from .mass import mass_diagonal
-from .stiffness import stiffness_diagonal
+from .mass import mass, mass_diagonal
+from .stiffness import stiffness, stiffness_diagonal, stiffness_gll
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,27 +50,19 @@ BK_SPECS = {
 }
 
 
-def bk_apply(spec: BKSpec, u, J, Dt, G, B, impl: str = "einsum"):
+def bk_apply(spec: BKSpec, u, J, Dt, G, B, backend=None):
     """Apply BK ``spec`` to ``u: (E, n, n, n)`` or ``(3, E, n, n, n)``.
 
     ``J, Dt: (q, n)`` from :func:`jaxsem.geometry.quadrature`; ``G: (6, E, q, q, q)``,
-    ``B: (E, q, q, q)`` from :func:`jaxsem.geometry.geometric_factors`.
-    ``impl``: ``"einsum"`` reference, ``"pallas"`` (or ``"fused"``) fused kernel,
-    or ``"auto"`` (fused on GPU for supported shapes) — see :mod:`jaxsem.operators.fused`.
-    The vector kernels (BK2/4/6) are one kernel call reading B or G once.
+    ``B: (E, q, q, q)`` from :func:`jaxsem.geometry.geometric_factors`. ``backend``: a
+    :class:`jaxsem.backends.Backend` (``sem.backend``) whose kernels run, or None for
+    the einsum reference. The vector kernels (BK2/4/6) are one call reading B or G once.
     """
     if spec.operator == "mass":
-        return mass_auto(u, J, B, impl=impl)
+        return mass(u, J, B) if backend is None else backend.mass(u, J, B)
     if spec.quadrature == "gll":
-        return stiffness_gll_auto(u, Dt, G, impl=impl)
-    return stiffness_auto(u, J, Dt, G, impl=impl)
-
-
-def bk_impl(spec: BKSpec, u, J, impl: str = "einsum") -> str:
-    """What ``impl`` resolves to for ``spec`` on these shapes here: "einsum", "pallas" or "cuda"."""
-    if spec.quadrature == "gll" and spec.operator == "stiffness":
-        return _resolve(impl, "stiffness_gll", u)
-    return _resolve(impl, spec.operator, u, J)
+        return stiffness_gll(u, Dt, G) if backend is None else backend.stiffness_gll(u, Dt, G)
+    return stiffness(u, J, Dt, G) if backend is None else backend.stiffness(u, J, Dt, G)
 
 
 def bk_diagonal(spec: BKSpec, J, Dt, G, B):

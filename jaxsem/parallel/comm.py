@@ -125,9 +125,6 @@ class Comm:
         return self.size > 1
 
 
-SHARD_EXCHANGES = ("rounds", "alltoall")
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ShardComm:
@@ -137,16 +134,12 @@ class ShardComm:
     are ``lax.psum`` and neighbour exchanges ``lax.ppermute`` (NCCL on GPUs).
     Static (no leaves). Functions of this module accept it wherever they accept
     a :class:`Comm`; point-to-point :func:`sendrecv` has no meaning here (the
-    exchange of :mod:`jaxsem.gather_scatter` uses whole-axis collectives).
-    ``exchange``: how the neighbour messages travel: ``"rounds"`` (one
-    ``ppermute`` per round of rank pairs) or ``"alltoall"`` (every round's
-    message in one ``all_to_all``, one collective instead of R; moves P
-    message-sized rows per device, zeros to non-neighbours).
+    exchange of :mod:`jaxsem.discretization.gather_scatter` is one ``ppermute``
+    per round of rank pairs).
     """
 
     axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
     size: int = dataclasses.field(default=1, metadata=dict(static=True))
-    exchange: str = dataclasses.field(default="rounds", metadata=dict(static=True))
 
     @property
     def distributed(self) -> bool:
