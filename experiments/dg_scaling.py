@@ -4,7 +4,7 @@ For each global mesh (periodic box, affine unit elements, order N) the model's
 LSERK4 step runs ``--steps`` times inside one compiled loop (median of
 ``--repeats``); the face exchange alone (the face gather–scatter incl. the
 neighbour messages, all components in one call) is timed as a loop of 20, so
-its share of a step (5 stages × one exchange) is reported. Backends:
+its share of a step (5 stages × one exchange) is reported. Transports:
 
 * ``mpi``: run under ``mpirun -n P`` (mpi4jax sendrecv/allreduce; host-staged
   when the MPI is not CUDA-aware);
@@ -27,8 +27,8 @@ Work models (flops per step, n = E(N+1)³ points, 5 LSERK4 stages):
   flops (products with A, sums, 1/J, the 2N-storage update) and 12 per face
   point (flux, lift).
 
-    mpirun -n 2 python experiments/dg_scaling.py --model maxwell --backend mpi --sizes 4x4x4 --out m.json
-    python experiments/dg_scaling.py --model advection --backend shard --devices 2 --schedules bulk,overlap
+    mpirun -n 2 python experiments/dg_scaling.py --model maxwell --transport mpi --sizes 4x4x4 --out m.json
+    python experiments/dg_scaling.py --model advection --transport shard --devices 2 --schedules bulk,overlap
     python experiments/dg_scaling.py --plot a.json b.json ...     # PNG beside the first file
 Default (CPU, seconds): --order 3 --sizes 4x4x4 --steps 5.
 """
@@ -96,8 +96,7 @@ def schedule_evidence(hlo_text: str) -> dict:
 
 
 def _setup(a, elements, comm=None, P=1):
-    """(dg, args, y0, f, exchange_payload) for one size; dg sharded when a.backend == 'shard'."""
-    from jaxsem.discretization import shard
+    """(mesh, dg, args, y0) for one size; the elements split over P devices when a.transport == 'shard'."""
     from jaxsem.discretization.dg import discretize_dg
     from jaxsem.mesh import box_mesh
     from jaxsem.models import advection as ad
@@ -105,34 +104,18 @@ def _setup(a, elements, comm=None, P=1):
 
     mesh = box_mesh(elements, a.order, lengths=tuple(float(v) for v in elements), periodic=(True,) * 3)
     dtype = jnp.dtype(a.dtype)
-    if a.backend == "shard":
-        dg, dmesh = shard.discretize_dg_sharded(mesh, devices=P, dtype=dtype, exchange=a.exchange)
-    else:
-        dg, dmesh = discretize_dg(mesh, dtype=dtype, comm=comm), None
+    where = dict(devices=P if P > 1 else None) if a.transport == "shard" else dict(comm=comm)
+    dg = discretize_dg(mesh, dtype=dtype, **where)
     if a.model == "maxwell":
-        if dmesh is None:
-            args = (dg, mx.material(dg))
-            y0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
-        else:
-            mat = jax.jit(shard.shard_fn(lambda d: mx.material(d), dmesh))(dg)
-            args = (dg, mat)
-            y0 = jax.jit(shard.shard_fn(
-                lambda d: mx.plane_wave(d.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
-                * (d.mass > 0), dmesh))(dg)
+        args = (dg, mx.material(dg))
+        y0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype) * dg.valid
     else:
         L = mesh.lengths
         vel = (1.0, 0.5, 0.25)
-        if dmesh is None:
-            tr = ad.transport(dg, vel)
-            y0 = ad.gaussian(dg.x, 0.0, vel, center=tuple(0.5 * v for v in L), width=0.15 * L[0],
-                             lengths=L).astype(dtype)
-        else:
-            tr = ad.transport_sharded(dg, dmesh, vel)
-            y0 = jax.jit(shard.shard_fn(
-                lambda d: ad.gaussian(d.x, 0.0, vel, center=tuple(0.5 * v for v in L), width=0.15 * L[0],
-                                      lengths=L).astype(dtype) * (d.mass > 0), dmesh))(dg)
-        args = (dg, tr)
-    return mesh, dg, dmesh, args, y0
+        args = (dg, ad.transport(dg, vel))
+        y0 = ad.gaussian(dg.x, 0.0, vel, center=tuple(0.5 * v for v in L), width=0.15 * L[0],
+                         lengths=L).astype(dtype) * dg.valid
+    return mesh, dg, args, y0
 
 
 def _rhs(a, schedule):
@@ -145,19 +128,18 @@ def _rhs(a, schedule):
 
 
 def run(a):
-    from jaxsem.discretization import shard
     from jaxsem import timestepping as ts
     from jaxsem.parallel.comm import get_comm
     from jaxsem.discretization.dg import face_exchange, faces
 
-    comm = get_comm() if a.backend == "mpi" else None
+    comm = get_comm() if a.transport == "mpi" else None
     plist = [comm.size] if comm is not None else [int(v) for v in str(a.devices).split(",")]
     rank = comm.rank if comm is not None else 0
     rows = Results(a.out, "dg_scaling", write=rank == 0)
     schedules = a.schedules.split(",") if a.model == "advection" else ["bulk"]
     for elements, P in ((e, P) for e in parse_sizes(a.sizes) for P in plist):
         t0 = time.perf_counter()
-        mesh, dg, dmesh, args, y0 = _setup(a, elements, comm, P)
+        mesh, dg, args, y0 = _setup(a, elements, comm, P)
         jax.block_until_ready((args, y0))
         setup = time.perf_counter() - t0
         E = mesh.num_elements
@@ -166,8 +148,8 @@ def run(a):
         dt = 1e-4
         reps = 20
 
-        def wrap(fn):
-            return jax.jit(fn if dmesh is None else shard.shard_fn(fn, dmesh))
+        def wrap(fn):  # the whole loop per device (a plain call on one)
+            return jax.jit(lambda d, *rest: d.local_map(fn, *rest))
 
         xloop = wrap(lambda d, y: jax.lax.fori_loop(
             0, reps, lambda i, v: face_exchange(d, v) * 0.5, faces(y.reshape((comps,) + y.shape[-4:]))))
@@ -186,11 +168,11 @@ def run(a):
             y = stepper(dg, args[1], y0)
             finite = bool(jnp.all(jnp.isfinite(y)))
             evidence = None
-            if dmesh is not None and P > 1:
+            if dg.comm.name == "shard" and P > 1:
                 evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
             sps = t_run / steps
             flops = flops_per_step(a.model, a.order, E)
-            row = dict(model=a.model, backend=a.backend, exchange=a.exchange if a.backend == "shard" else "sendrecv",
+            row = dict(model=a.model, transport=dg.comm.name,
                        ranks=P, schedule=schedule, elements=list(elements),
                        num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
                        dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
@@ -201,7 +183,7 @@ def run(a):
             if rank == 0:
                 ev = "" if evidence is None else (f" permutes {evidence['pairs']}, with compute between "
                                                   f"{evidence['overlapping_pairs']}")
-                print(f"{a.model} {a.backend} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
+                print(f"{a.model} {dg.comm.name} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
                       f"{sps * 1e3:8.3f} ms exch {t_x * 1e3:7.3f} ms ({100 * row['exchange_share']:4.1f}%) "
                       f"{row['gflops']:7.1f} GF setup {setup:.0f}s{ev}", file=sys.stderr, flush=True)
         del dg, args, y0
@@ -222,8 +204,9 @@ def plot(paths):
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
         rs = [r for r in rows if r["model"] == model]
-        for key in sorted({(r["backend"], r["ranks"], r["schedule"]) for r in rs}):
-            sel = sorted((r for r in rs if (r["backend"], r["ranks"], r["schedule"]) == key), key=lambda r: r["points"])
+        tp = lambda r: r.get("transport", r.get("backend"))  # rows before the transport field: "backend"
+        for key in sorted({(tp(r), r["ranks"], r["schedule"]) for r in rs}):
+            sel = sorted((r for r in rs if (tp(r), r["ranks"], r["schedule"]) == key), key=lambda r: r["points"])
             ax.plot([r["points_per_rank"] for r in sel], [r["gflops"] / r["ranks"] for r in sel], "o-",
                     label=f"{key[0]} P={key[1]} {key[2]}")
         ax.set_xscale("log")
@@ -241,16 +224,15 @@ def plot(paths):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["maxwell", "advection"], default="maxwell")
-    ap.add_argument("--backend", choices=["mpi", "shard"], default="mpi")
-    ap.add_argument("--devices", default="1", help="shard backend: device counts, e.g. 1,2,4")
+    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
+                    help="mpi: one process per device under mpirun; shard: --devices of this process")
+    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
     ap.add_argument("--order", type=int, default=3)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 10x10x8,20x10x8")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--schedules", default="bulk", help="advection: comma list of bulk, overlap")
     ap.add_argument("--form", default="chain", choices=["chain", "split"], help="maxwell: curl form")
-    ap.add_argument("--exchange", default="rounds", choices=["rounds", "alltoall"],
-                    help="shard backend: one ppermute per round of rank pairs, or one all_to_all")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)

@@ -5,11 +5,12 @@ GPU): for each global mesh size, BP5 (p = 7 by default) runs ``--iterations``
 Jacobi-PCG iterations as one compiled loop; we also time the gather–scatter
 alone (QQᵀ incl. the neighbour exchange) and the local operator alone, both as
 jitted loops of 20, so the gather–scatter share of an iteration is reported.
-Backends: ``mpi`` (run under ``mpirun -n P``; mpi4jax sendrecv/allreduce) and
-``shard`` (one process, ``--devices P``; shard_map + ppermute/psum, NCCL on GPUs).
+Transports: ``mpi`` (run under ``mpirun -n P``; mpi4jax sendrecv/allreduce) and
+``shard`` (``--devices P`` of one process, or every process's devices when started by
+``mpirun``/``srun``: JAX's own runtime, NCCL on GPUs).
 
-    mpirun -n 2 python experiments/scaling.py --backend mpi --sizes 16x16x16,32x32x16 --out r.json
-    python experiments/scaling.py --backend shard --devices 1,2 --sizes 16x16x16 --out s.json
+    mpirun -n 2 python experiments/scaling.py --transport mpi --sizes 16x16x16,32x32x16 --out r.json
+    python experiments/scaling.py --transport shard --devices 1,2 --sizes 16x16x16 --out s.json
     python experiments/scaling.py --plot r1.json r2.json ...   # efficiency plots, PNG beside the first
 Default (CPU, seconds): --order 3 --sizes 4x4x4.
 Efficiencies (computed by --plot from runs with P = 1 and P = 2): strong
@@ -62,109 +63,65 @@ def _timeit(fn, args, repeats):
     return statistics.median(ts)
 
 
-def run_mpi(a):
-    import jaxsem
-    from jaxsem.parallel.comm import allreduce_sum, get_comm
+def run(a):
+    """BP5 timings for each size and device count: the whole PCG, and per iteration the
+    gather–scatter alone and the element operator alone (each in its own loop)."""
     from jaxsem.discretization import discretize
     from jaxsem.mesh import box_mesh
-    from jaxsem.models import poisson
-    from jaxsem.solvers import pcg
-
-    comm = get_comm()
-    rows = Results(a.out, "scaling", write=comm.rank == 0)
-    for elements in parse_sizes(a.sizes):
-        t0 = time.perf_counter()
-        mesh = box_mesh(elements, a.order, deform=0.1)
-        sem = discretize(mesh, quadrature="gll", dirichlet=True, comm=comm)
-        b = poisson.load(sem, poisson.manufactured(5).f)
-        dinv = poisson.jacobi(sem)
-        jax.block_until_ready((sem, b, dinv))
-        setup = time.perf_counter() - t0
-        its = a.iterations
-
-        @jax.jit
-        def solve(sem, b, dinv):
-            return pcg(poisson.operator(sem, impl=a.impl), b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=its)
-
-        reps = 20
-        loc = poisson.local_operator(sem)
-        gs_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u))
-        ax_loop = jax.jit(lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s, impl=a.impl)(v) * 1e-3, u))
-        t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
-        t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
-        t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
-        _, info = solve(sem, b, dinv)
-        E = int(np.prod(elements))
-        dofs = E * a.order**3
-        row = dict(backend="mpi", impl=a.impl, ranks=comm.size, elements=list(elements), num_elements=E, order=a.order,
-                   dofs=dofs, dofs_per_rank=dofs / comm.size, iterations=int(info.iterations),
-                   seconds=t_solve, seconds_per_iteration=t_solve / int(info.iterations),
-                   gs_seconds=t_gs, ax_seconds=t_ax, gs_share=t_gs / (t_solve / int(info.iterations)),
-                   dofs_per_second=dofs * int(info.iterations) / t_solve, setup_seconds=setup,
-                   neighbors=len(sem.gs.exchange.neighbors) if sem.gs.exchange else 0)
-        rows.append(row)
-        if comm.rank == 0:
-            print(f"mpi P={comm.size} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
-                  f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
-                  f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
-        del sem, b, dinv
-    return comm.rank, rows
-
-
-def run_shard(a):
-    from jaxsem.discretization import shard
-    from jaxsem.mesh import box_mesh
-    from jaxsem.models import poisson
-    from jaxsem.solvers import pcg
-
     from jaxsem.mesh.numbering import number_nodes
+    from jaxsem.models import poisson
+    from jaxsem.parallel.comm import get_comm, init_distributed
 
-    rows = Results(a.out, "scaling")
-    its, reps = a.iterations, 20
-    f = poisson.manufactured(5).f
+    if a.transport == "shard":
+        init_distributed()  # several processes under mpirun/srun: one global device mesh
+        counts = [int(v) for v in str(a.devices).split(",")]
+        comm = None
+    else:
+        comm = get_comm()
+        counts = [comm.size]
+    rank = jax.process_index() if comm is None else comm.rank
+    rows = Results(a.out, "scaling", write=rank == 0)
+    its, reps, f = a.iterations, 20, poisson.manufactured(5).f
+    solve = jax.jit(lambda s, b: poisson.solve(s, None, rhs=b, tol=0.0, maxiter=its))
+    gs_loop = jax.jit(lambda s, u: s.local_map(
+        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u), u))
+    ax_loop = jax.jit(lambda s, u: s.local_map(
+        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s)(v) * 1e-3, u), u))
     for elements in parse_sizes(a.sizes):
-        t0 = time.perf_counter()
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
-        print(f"mesh + numbering E={elements}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-        for P in (int(v) for v in str(a.devices).split(",")):
-            rows.append(_run_shard_one(a, mesh, numbering, elements, P, its, reps, f))
-    return 0, rows
+        for P in counts:
+            t0 = time.perf_counter()
+            where = dict(comm=comm) if comm is not None else dict(devices=P if P > 1 else None)
+            sem = discretize(mesh, "gll", True, backend=a.backend, numbering=numbering, **where)
+            b = poisson.load(sem, f)
+            jax.block_until_ready((sem, b))
+            setup = time.perf_counter() - t0
+            t_solve = _timeit(solve, (sem, b), a.repeats)
+            t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
+            t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
+            n_it = int(solve(sem, b)[1].iterations)
+            E = int(np.prod(elements))
+            dofs = E * a.order**3
+            ranks = P if comm is None else comm.size
+            row = dict(transport=sem.comm.name, backend=sem.backend.name, ranks=ranks, processes=jax.process_count(),
+                       elements=list(elements), num_elements=E, order=a.order, dofs=dofs, dofs_per_rank=dofs / ranks,
+                       iterations=n_it, seconds=t_solve, seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs,
+                       ax_seconds=t_ax, gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve,
+                       setup_seconds=setup)
+            rows.append(row)
+            if rank == 0:
+                print(f"{row['transport']} P={ranks} E={elements} n={dofs:.3e} "
+                      f"iter {row['seconds_per_iteration']*1e3:8.3f} ms gs {t_gs*1e3:7.3f} ms "
+                      f"({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms {row['dofs_per_second']/1e9:6.2f} GDOF/s "
+                      f"setup {setup:.0f}s", file=sys.stderr, flush=True)
+            del sem, b
+    return rank, rows
 
 
-def _run_shard_one(a, mesh, numbering, elements, P, its, reps, f):
-    from jaxsem.discretization import shard
-    from jaxsem.models import poisson
-    from jaxsem.solvers import pcg
-
-    t0 = time.perf_counter()
-    sem, dmesh = shard.bp_discretize_sharded(mesh, 5, devices=P, numbering=numbering, exchange=a.exchange)
-    b, dinv = shard.shard_call(lambda s: (poisson.load(s, f), poisson.jacobi(s)), sem, mesh=dmesh)
-    jax.block_until_ready((sem, b, dinv))
-    setup = time.perf_counter() - t0
-    solve = jax.jit(shard.shard_fn(
-        lambda s, b, d: pcg(poisson.operator(s, impl=a.impl), b, dot=s.dot, dots=s.dots, precond=lambda r: d * r,
-                            tol=0.0, maxiter=its), dmesh))
-    gs_loop = jax.jit(shard.shard_fn(
-        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: s.dssum(v) * 0.125, u), dmesh))
-    ax_loop = jax.jit(shard.shard_fn(
-        lambda s, u: jax.lax.fori_loop(0, reps, lambda i, v: poisson.local_operator(s, impl=a.impl)(v) * 1e-3, u), dmesh))
-    t_solve = _timeit(solve, (sem, b, dinv), a.repeats)
-    t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
-    t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
-    _, info = solve(sem, b, dinv)
-    n_it = int(np.asarray(info.iterations).ravel()[0])
-    E = int(np.prod(elements))
-    dofs = E * a.order**3
-    row = dict(backend="shard", impl=a.impl, exchange=a.exchange, ranks=P, elements=list(elements), num_elements=E, order=a.order,
-               dofs=dofs, dofs_per_rank=dofs / P, iterations=n_it, seconds=t_solve,
-               seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs, ax_seconds=t_ax,
-               gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve, setup_seconds=setup)
-    print(f"shard P={P} E={elements} n={dofs:.3e} iter {row['seconds_per_iteration']*1e3:8.3f} ms "
-          f"gs {t_gs*1e3:7.3f} ms ({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms "
-          f"{row['dofs_per_second']/1e9:6.2f} GDOF/s  setup {setup:.0f}s", file=sys.stderr, flush=True)
-    del sem, b, dinv
-    return row
+def _transport(row) -> str:
+    """A row's transport (rows before the transport field called it "backend")."""
+    return row.get("transport", row["backend"])
 
 
 def fit_n08(rows):
@@ -196,7 +153,7 @@ def efficiencies(rows, size="dofs", per_rank="dofs_per_rank", time="seconds_per_
     for r in rows:
         if r["ranks"] == 1:
             continue
-        ones = sorted((b for b in rows if b["ranks"] == 1 and same(r, b)), key=lambda b: b["backend"] != r["backend"])
+        ones = sorted((b for b in rows if b["ranks"] == 1 and same(r, b)), key=lambda b: _transport(b) != _transport(r))
         eq = [b for b in ones if b[size] == r[size]]
         if eq:
             strong.append((r, eq[0], eq[0][time] / (r["ranks"] * r[time])))
@@ -218,9 +175,9 @@ def plot(paths):
             rows += json.load(fh)["rows"]
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     summary = {}
-    for backend in sorted({r["backend"] for r in rows}):
-        for P in sorted({r["ranks"] for r in rows if r["backend"] == backend}):
-            rs = sorted((r for r in rows if r["backend"] == backend and r["ranks"] == P), key=lambda r: r["dofs"])
+    for backend in sorted({_transport(r) for r in rows}):
+        for P in sorted({r["ranks"] for r in rows if _transport(r) == backend}):
+            rs = sorted((r for r in rows if _transport(r) == backend and r["ranks"] == P), key=lambda r: r["dofs"])
             ax[0].plot([r["dofs_per_rank"] for r in rs], [r["dofs_per_second"] / P / 1e9 for r in rs], "o-",
                        label=f"{backend}, P={P}")
             summary[f"{backend}_P{P}"] = fit_n08(rs)
@@ -231,11 +188,11 @@ def plot(paths):
     ax[0].legend()
     strong, weak = efficiencies(rows)
     # strong-scaling efficiency at equal global size, by backend
-    eff = sorted((dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
-                       strong_efficiency=e) for r, _, e in strong), key=lambda e: e["backend"])
-    for backend in sorted({e["backend"] for e in eff}):
-        for P in sorted({e["ranks"] for e in eff if e["backend"] == backend}):
-            xs = sorted((e for e in eff if e["backend"] == backend and e["ranks"] == P), key=lambda e: e["dofs"])
+    eff = sorted((dict(backend=_transport(r), ranks=r["ranks"], elements=r["elements"], dofs=r["dofs"],
+                       strong_efficiency=e) for r, _, e in strong), key=lambda e: _transport(e))
+    for backend in sorted({_transport(e) for e in eff}):
+        for P in sorted({e["ranks"] for e in eff if _transport(e) == backend}):
+            xs = sorted((e for e in eff if _transport(e) == backend and e["ranks"] == P), key=lambda e: e["dofs"])
             ax[1].plot([e["dofs"] for e in xs], [e["strong_efficiency"] for e in xs], "o-",
                        label=f"{backend}, P={P}: strong η")
     ax[1].set_xscale("log")
@@ -245,7 +202,7 @@ def plot(paths):
     ax[1].grid(True, which="both", alpha=0.3)
     ax[1].legend()
     # weak-scaling efficiency: equal DOFs per rank (within 3%) as a P = 1 run, same backend first
-    weak = [dict(backend=r["backend"], ranks=r["ranks"], elements=r["elements"], dofs_per_rank=r["dofs_per_rank"],
+    weak = [dict(backend=_transport(r), ranks=r["ranks"], elements=r["elements"], dofs_per_rank=r["dofs_per_rank"],
                  base_elements=b["elements"], weak_efficiency=e) for r, b, e in weak]
     fig.tight_layout()
     out = os.path.splitext(paths[0])[0] + ".png"
@@ -256,17 +213,16 @@ def plot(paths):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=["mpi", "shard"], default="mpi")
-    ap.add_argument("--devices", default="2", help="shard backend: device counts, e.g. 1,2,4 (one mesh "
+    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
+                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
+                         "--devices of this process, or of all processes started by mpirun/srun")
+    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4 (one mesh "
                     "numbering per size, reused)")
     ap.add_argument("--order", type=int, default=3)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
     ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--exchange", default="rounds", choices=["rounds", "alltoall"],
-                    help="shard backend: one ppermute per round of rank pairs, or one all_to_all")
-    ap.add_argument("--impl", default="einsum", choices=["einsum", "fused", "cuda", "auto"],
-                    help="BK5 local operator: einsum chain, the Pallas kernel (one GPU only: it crashes "
-                         "inside shard_map on several), the CUDA kernel, or auto (GPU)")
+    ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"],
+                    help="element kernels (auto: CUDA on GPUs, einsum elsewhere)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)
@@ -274,7 +230,7 @@ def main(argv=None):
     if a.plot:
         print(json.dumps(plot(a.plot), indent=1))
         return
-    (run_mpi if a.backend == "mpi" else run_shard)(a)   # rows are written to --out as they come
+    run(a)   # rows are written to --out as they come
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Host setup time of a sharded BP5 discretization: box mesh, node numbering, discretize_sharded.
+"""Host setup time of a sharded BP5 discretization: box mesh, node numbering, discretize(mesh, devices=P).
 
 The 79 M-DOF P = 8 run spent 39 s in mesh + numbering and 111 s in the shard setup
 (results/x8/log_weak8.txt). This times the three steps on the current machine with P
@@ -20,7 +20,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jaxsem  # noqa: E402
-from jaxsem.discretization import shard  # noqa: E402
+from jaxsem.models import poisson  # noqa: E402
 from jaxsem.mesh import box_mesh  # noqa: E402
 from jaxsem.mesh.numbering import number_nodes  # noqa: E402
 
@@ -41,7 +41,7 @@ def main(argv=None):
         t1 = time.perf_counter()
         num = number_nodes(mesh)
         t2 = time.perf_counter()
-        sem, _ = shard.bp_discretize_sharded(mesh, 5, devices=a.devices, numbering=num)
+        sem = poisson.bp_discretize(mesh, 5, devices=a.devices, numbering=num)
         jax.block_until_ready(sem)
         t3 = time.perf_counter()
         rows.append(dict(mesh_seconds=t1 - t0, numbering_seconds=t2 - t1, shard_setup_seconds=t3 - t2))

@@ -19,6 +19,7 @@ from .core.geometry import Geometry, geometric_factors, quadrature  # noqa: E402
 from .mesh import Mesh, box_mesh, read_gmsh, Numbering, number_nodes, partition_mesh  # noqa: E402
 from .parallel import Comm, get_comm  # noqa: E402
 from .discretization import SEM, discretize, DG, discretize_dg, GatherScatter, make_gs, gs_apply  # noqa: E402
+from .discretization import to_mesh_order, from_mesh_order  # noqa: E402
 from .discretization import dg  # noqa: E402
 from .solvers import PCGInfo, pcg, timestepping  # noqa: E402
 from .models import poisson, maxwell, inverse  # noqa: E402

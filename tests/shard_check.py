@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from jaxsem.discretization import shard  # noqa: E402
+import jaxsem as js  # noqa: E402
 from jaxsem.parallel.comm import Comm, ShardComm  # noqa: E402
 from jaxsem.discretization import discretize  # noqa: E402
 from jaxsem.mesh import box_mesh  # noqa: E402
@@ -68,39 +68,40 @@ def check_gather_scatter(P):
     for name, mesh, part in cases:
         part = uneven_partition(mesh.num_elements, P) if part == "uneven" else None
         serial = discretize(mesh, comm=Comm())
-        ss, dm = shard.discretize_sharded(mesh, devices=P, partition=part)
-        assert ss.comm == ShardComm("ranks", P) and ss.x.shape[0] == P
+        ss = discretize(mesh, devices=P, partition=part)
+        assert isinstance(ss.comm, ShardComm) and ss.comm.size == P
+        assert ss.x.sharding.spec == jax.sharding.PartitionSpec(None, ss.comm.axis_name)
         rng = np.random.default_rng(0)
         u = rng.standard_normal((3,) + serial.mask.shape)
-        us = np.array(shard.distribute_elements(u, ss))
-        # garbage on the dummy elements must not reach real ones
-        dummy = np.broadcast_to((np.asarray(ss.elements) < 0)[:, None, :, None, None, None], us.shape)
-        us[dummy] = 1e3 * rng.standard_normal(int(dummy.sum()))
-        out, d = shard.shard_call(dssum_dot, ss, us, mesh=dm)
+        us = np.array(js.from_mesh_order(ss, u))
+        # garbage on the pad elements must not reach real ones
+        pad = np.broadcast_to((np.asarray(ss.elements) < 0)[None, :, None, None, None], us.shape)
+        us[pad] = 1e3 * rng.standard_normal(int(pad.sum()))
+        out, d = jax.jit(dssum_dot)(ss, us)
         out = np.asarray(out)
         ref, d_ref = jax.jit(dssum_dot)(serial, u)
-        err = rel(shard.gather_elements(out, ss), ref)
+        err = rel(js.to_mesh_order(ss, out), ref)
         check(f"{name}_err", err, err < 1e-13)
         check(f"{name}_finite", bool(np.all(np.isfinite(out))), bool(np.all(np.isfinite(out))))
-        m_err = float(np.max(np.abs(np.asarray(shard.gather_elements(ss.mult, ss)) - np.asarray(serial.mult))))
+        m_err = float(np.max(np.abs(js.to_mesh_order(ss, ss.mult) - np.asarray(serial.mult))))
         check(f"{name}_mult_err", m_err, m_err == 0.0)
-        d_err = abs(float(d[0]) - float(d_ref))
+        d_err = abs(float(d) - float(d_ref))
         check(f"{name}_dot_err", d_err, d_err < 1e-12)
         if part is not None:
-            sizes = np.sum(np.asarray(ss.elements) >= 0, axis=1).tolist()
+            el = np.asarray(ss.elements).reshape(P, -1)
+            sizes = np.sum(el >= 0, axis=1).tolist()
             check(f"{name}_sizes", sizes, len(set(sizes)) > 1 and sum(sizes) == mesh.num_elements)
 
 
 def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)
+    solve = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))
     serial = poisson.bp_discretize(mesh, bp, comm=Comm())
-    us, info_s = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))(serial)
-    spec = poisson.BP_SPECS[bp]
-    ss, dm = shard.discretize_sharded(mesh, devices=P, partition=partition, quadrature=spec.quadrature,
-                                      dirichlet=spec.dirichlet)
-    ud, info_d = shard.bp_solver(dm, bp, tol, maxiter)(ss)
-    err = rel(shard.gather_elements(ud, ss), us)
+    us, info_s = solve(serial)
+    ss = poisson.bp_discretize(mesh, bp, devices=P, partition=partition)
+    ud, info_d = solve(ss)
+    err = rel(js.to_mesh_order(ss, ud), us)
     check(f"{name}_err", err, err < 1e-12)
     check(f"{name}_iterations", [int(info_d.iterations), int(info_s.iterations)],
           int(info_d.iterations) == int(info_s.iterations) and (tol > 0 or int(info_d.iterations) == maxiter))
@@ -108,6 +109,9 @@ def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
         check(f"{name}_converged", bool(info_d.converged), bool(info_d.converged))
     r_err = abs(float(info_d.residual) - float(info_s.residual)) / float(info_s.residual0)
     check(f"{name}_residual_err", r_err, r_err < 1e-12)
+    e_s, e_d = poisson.relative_errors(serial, us, ms.u), poisson.relative_errors(ss, ud, ms.u)
+    e_err = max(abs(a - b) / a for a, b in zip(e_s, e_d))
+    check(f"{name}_errors_err", e_err, e_err < 1e-10)
 
 
 def grad_loss(sem, f):
@@ -120,17 +124,12 @@ def check_grad(P):
     serial = poisson.bp_discretize(mesh, 3, comm=Comm())
     f = 1.0 + np.random.default_rng(1).uniform(size=serial.geom.B.shape)
     l_s, g_s = jax.jit(jax.value_and_grad(grad_loss, argnums=1))(serial, f)
-    for tag in ("",):
-        ss, dm = shard.discretize_sharded(mesh, devices=P, quadrature="gauss")
-        loss = shard.shard_fn(grad_loss, dm)
-        # the loss is psum'd (the same on every shard): differentiate one copy of it
-        # (summing the P copies would give P times the gradient)
-        l_d, g_d = jax.jit(jax.value_and_grad(lambda s, fs: loss(s, fs)[0], argnums=1))(
-            ss, shard.distribute_elements(f, ss))
-        l_err = abs(float(l_d) - float(l_s)) / float(l_s)
-        check(f"periodic_loss{tag}_err", l_err, l_err < 1e-12)
-        err = rel(shard.gather_elements(g_d, ss), g_s)
-        check(f"grad_f{tag}_err", err, err < 1e-11)
+    ss = poisson.bp_discretize(mesh, 3, devices=P)
+    l_d, g_d = jax.jit(jax.value_and_grad(grad_loss, argnums=1))(ss, js.from_mesh_order(ss, f))
+    l_err = abs(float(l_d) - float(l_s)) / float(l_s)
+    check("periodic_loss_err", l_err, l_err < 1e-12)
+    err = rel(js.to_mesh_order(ss, g_d), g_s)
+    check("grad_f_err", err, err < 1e-11)
 
 
 def check_dg(P):
@@ -149,32 +148,31 @@ def check_dg(P):
     tr = ad.transport(dg, c)
     u0 = ad.gaussian(dg.x, 0.0, c)
     dt, steps = 0.004, 6
-    f = ad.make_rhs("upwind")
-    ref = ts.integrate(lambda t, u: f(t, u, (dg, tr)), u0, dt, steps)
-    dgs, dmesh = shard.discretize_dg_sharded(mesh, devices=P, partition=part)
-    trs = ad.transport_sharded(dgs, dmesh, c)
-    check("dg_sizes", [int(v) for v in np.sum(np.asarray(dgs.elements) >= 0, axis=1)], True)
-    check("dg_halo", [int(v) for v in np.asarray(dgs.halo).shape], True)
-    u0s = shard.distribute_elements(u0, dgs)
+    dgs = discretize_dg(mesh, devices=P, partition=part)
+    trs = ad.transport(dgs, c)
+    el = np.asarray(dgs.elements).reshape(P, -1)
+    check("dg_sizes", [int(v) for v in np.sum(el >= 0, axis=1)], True)
+    check("dg_halo", [P, int(np.asarray(dgs.halo).shape[0]) // P], True)
+    u0s = js.from_mesh_order(dgs, u0)
     for schedule in ad.SCHEDULES:
-        run = jax.jit(shard.shard_fn(
-            lambda d, t, u: ts.integrate(
-                lambda tt, v: ad.make_rhs("upwind", None, "split", schedule)(tt, v, (d, t)), u, dt, steps),
-            dmesh))
+        f = ad.make_rhs("upwind", None, "split", schedule)
+        run = jax.jit(lambda d, t, u: ts.integrate(lambda tt, v: f(tt, v, (d, t)), u, dt, steps))
+        ref = run(dg, tr, u0)
         us = run(dgs, trs, u0s)
-        err = rel(shard.gather_elements(us, dgs), ref)
+        err = rel(js.to_mesh_order(dgs, us), ref)
         check(f"advection_{schedule}_err", err, err < 1e-12)
-        dummies_zero = bool(np.all(np.asarray(us)[np.asarray(dgs.elements) < 0] == 0.0))
-        check(f"advection_{schedule}_dummies_zero", dummies_zero, dummies_zero)
+        pads_zero = bool(np.all(np.asarray(us)[np.asarray(dgs.elements) < 0] == 0.0))
+        check(f"advection_{schedule}_dummies_zero", pads_zero, pads_zero)
+    rho_s, rho_d = ad.spectral_radius(dg, tr), ad.spectral_radius(dgs, trs)
+    check("advection_rho_err", abs(rho_s - rho_d) / rho_s, abs(rho_s - rho_d) < 1e-10 * rho_s)
     # Maxwell (PEC box, non-periodic): one rhs evaluation of a random field
     mesh = box_mesh((3, 2, 2), 3, deform=0.1)
     dg = discretize_dg(mesh)
     q = np.random.default_rng(3).standard_normal((6,) + dg.jac.shape)
     ref = mx.rhs(dg, mx.material(dg), jnp.asarray(q))
-    dgs, dmesh = shard.discretize_dg_sharded(mesh, devices=P, partition=uneven_partition(mesh.num_elements, P))
-    out = jax.jit(shard.shard_fn(lambda d, q: mx.rhs(d, mx.material(d), q), dmesh))(
-        dgs, shard.distribute_elements(q, dgs))
-    err = rel(shard.gather_elements(out, dgs), ref)
+    dgs = discretize_dg(mesh, devices=P, partition=uneven_partition(mesh.num_elements, P))
+    out = jax.jit(lambda d, q: mx.rhs(d, mx.material(d), q))(dgs, js.from_mesh_order(dgs, q))
+    err = rel(js.to_mesh_order(dgs, out), ref)
     check("maxwell_rhs_err", err, err < 1e-12)
 
 

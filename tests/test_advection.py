@@ -173,8 +173,8 @@ def test_cli_advection_bad_arguments_exit_2(argv, name, capsys, monkeypatch):
     def no_jax_work(*a, **k):
         raise AssertionError("validation must happen before any JAX work")
 
-    monkeypatch.setattr(ad, "verify", no_jax_work)
-    monkeypatch.setattr(cli, "solve_poisson", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.verify.verify_advection", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.verify.solve_poisson", no_jax_work)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""

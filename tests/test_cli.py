@@ -123,7 +123,7 @@ def test_bad_arguments_exit_2_one_line(argv, name, capsys, monkeypatch):
     def no_jax_work(*a, **k):
         raise AssertionError("validation must happen before any JAX work")
 
-    monkeypatch.setattr(cli, "solve_poisson", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.verify.solve_poisson", no_jax_work)
     monkeypatch.setattr("jaxsem.app.bench.bench", no_jax_work)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()

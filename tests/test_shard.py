@@ -1,4 +1,4 @@
-"""The shard_map + ppermute backend (jaxsem.discretization.shard) equals the serial SEM.
+"""Discretizations over several devices (discretize(mesh, devices=P): global arrays, shard_map inside) equal serial.
 
 Runs tests/shard_check.py in subprocesses (XLA_FLAGS must be set before jax
 is imported) with 4 forced CPU devices, sharded over P = 2 and P = 4 of them,

@@ -26,7 +26,7 @@ import time
 from ..backends import BACKENDS
 from ..core.basis import MAX_ORDER
 
-__all__ = ["main", "solve_poisson"]
+__all__ = ["main"]
 
 DEFAULTS = dict(bp=5, order=6, elements=(3, 3, 3), deform=0.1, maxiter=1000)
 DEFAULT_TOL = {"float64": 1e-10, "float32": 1e-5}
@@ -108,6 +108,12 @@ def _build_parser() -> _Parser:
     s.add_argument("--backend", choices=BACKENDS, default=None,
                    help="poisson: element kernels, the CUDA kernels where they run and einsum "
                         "elsewhere (auto, default), or force one")
+    s.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="split the elements over N devices of this process (JAX's own transport; on a CPU "
+                        "set XLA_FLAGS=--xla_force_host_platform_device_count=N first); default 1")
+    s.add_argument("--transport", choices=("mpi", "shard"), default=None,
+                   help="under mpirun/srun: one process per device with mpi4jax (mpi, default) or one JAX "
+                        "program over every process's devices (shard, jax.distributed)")
     for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
         s.add_argument(flag, default=None, **kw)
     for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
@@ -137,6 +143,27 @@ def _build_parser() -> _Parser:
 
 # ----------------------------------------------------------------------------- validation
 
+def _validate_devices(args, fail) -> None:
+    """--devices and --transport, before any solve (JAX counts its devices, nothing more)."""
+    from ..parallel.comm import launcher_size
+
+    launched = (launcher_size() or 1) > 1
+    if args.transport is not None and not launched:
+        fail("argument --transport: applies under mpirun/srun only (one process: --devices N)")
+    if args.devices is None:
+        return
+    if launched:
+        fail("argument --devices: under mpirun/srun use --transport shard (every process's devices)")
+    if args.devices < 1:
+        fail(f"argument --devices: must be >= 1, got {args.devices}")
+    import jax
+
+    if args.devices > jax.device_count():
+        hint = (" (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N before starting)"
+                if jax.default_backend() == "cpu" else "")
+        fail(f"argument --devices: {args.devices} asked, JAX sees {jax.device_count()}{hint}")
+
+
 def _validate(parser: _Parser, args) -> None:
     """Range checks argparse cannot do; one-line error and exit 2 on failure."""
     fail = parser.commands[args.command].error
@@ -157,6 +184,7 @@ def _validate(parser: _Parser, args) -> None:
         if not cuda_available():
             fail("argument --backend: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
+        _validate_devices(args, fail)
         given = [f for f in {**MAXWELL_ARGS, **ADVECTION_ARGS} if getattr(args, f[2:].replace("-", "_")) is not None]
         takes = {f: ["maxwell"] * (f in MAXWELL_ARGS) + ["advection"] * (f in ADVECTION_SHARED or f in ADVECTION_ARGS)
                  for f in given}
@@ -263,13 +291,30 @@ def _clean(obj):
 
 
 def _env() -> dict:
+    import jax
+
     from .bench import device_info
 
     from ..parallel.comm import get_comm
 
     d = device_info()
+    ranks = jax.process_count() if jax.process_count() > 1 else get_comm().size
     return dict(device=d["device_kind"], platform=d["platform"], num_devices=d["num_devices"],
-                ranks=get_comm().size, jax_version=d["jax_version"], jaxsem_version=_version())
+                ranks=ranks, jax_version=d["jax_version"], jaxsem_version=_version())
+
+
+def _placement(args) -> dict:
+    """Where the run's elements live: ``dict(comm=...)`` (serial, MPI) or ``dict(devices=...)``."""
+    import jax
+
+    from ..parallel.comm import get_comm, init_distributed, launcher_size
+
+    if (launcher_size() or 1) > 1 and args.transport == "shard":
+        init_distributed()
+        return dict(devices=jax.devices())
+    if args.devices not in (None, 1):
+        return dict(devices=args.devices)
+    return dict(comm=get_comm())
 
 
 def _fmt_device(r: dict) -> str:
@@ -281,61 +326,6 @@ def _fmt_rate(x) -> str:
 
 
 # ----------------------------------------------------------------------------- solve
-
-def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
-                  dtype="float64", progress=None, backend="auto") -> dict:
-    """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
-
-    ``backend``: element kernels (:func:`jaxsem.discretize`; ``"auto"``: the CUDA kernels
-    on a GPU, einsum elsewhere).
-    The solve is compiled ahead of time (``compile_seconds``) and then run once
-    (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
-    ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
-    ``error_max`` are relative to the exact solution.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from .bench import count_dofs
-    from ..mesh.box import box_mesh
-    from ..models import poisson
-    from ..operators.bk import BK_SPECS
-
-    note = progress or (lambda m: None)
-    spec = BK_SPECS[bp]
-    note(f"discretizing: BP{bp}, order {order}, elements {tuple(elements)}, deform {deform}, {dtype}")
-    sem = poisson.bp_discretize(box_mesh(tuple(elements), order, deform=deform), bp, dtype=jnp.dtype(dtype),
-                                backend=backend)
-    h1, h2 = poisson.coefficients(bp)
-    m = poisson.manufactured(bp)
-
-    note("compiling...")
-    t0 = time.perf_counter()
-    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter))
-    compiled = fn.lower(sem).compile()
-    compile_s = time.perf_counter() - t0
-
-    note("solving...")
-    t0 = time.perf_counter()
-    u, info = compiled(sem)
-    jax.block_until_ready((u, info))
-    seconds = time.perf_counter() - t0
-
-    l2, linf = poisson.relative_errors(sem, u, m.u)
-    its = int(info.iterations)
-    points, dofs = count_dofs(spec.components, order, elements)
-    r0 = float(info.residual0)
-    return dict(
-        problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
-        components=spec.components, order=order, elements=list(elements),
-        num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
-        deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, iterations=its,
-        converged=bool(info.converged),
-        residual=float(info.residual) / r0 if r0 > 0 else float(info.residual),
-        error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
-        dofs_per_second=dofs * its / seconds if seconds > 0 else None,
-    )
-
 
 def _report_solve(r: dict) -> str:
     el = "x".join(map(str, r["elements"]))
@@ -477,6 +467,10 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse errors (2), --help / --version (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
+    import jax
+
+    from ..parallel.comm import get_comm
+
     quiet = getattr(args, "quiet", False) or args.command == "info"
     log = (lambda m: None) if quiet else (lambda m: print(f"jaxsem: {m}", file=sys.stderr, flush=True))
 
@@ -485,37 +479,31 @@ def main(argv=None) -> int:
             result = _info()
             text = _report_info(result)
             code = 0
-        elif args.command == "solve" and args.problem == "maxwell":
-            from ..models import maxwell
-
-            from ..parallel.comm import get_comm
-
-            comm = get_comm()
-            result = maxwell.verify(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
-                                    deform=args.deform, cfl=args.cfl, method=args.method, dtype=args.dtype,
-                                    vtu=args.vtu, progress=log, progress_bar=not quiet and comm.rank == 0,
-                                    comm=comm)
-            result.update(_env())
-            text = _report_maxwell(result)
-            code = 0 if result["converged"] else 1
-        elif args.command == "solve" and args.problem == "advection":
-            from ..models import advection
-
-            from ..parallel.comm import get_comm
-
-            comm = get_comm()
-            result = advection.verify(args.order, args.elements, args.t_final, velocity=tuple(args.velocity),
-                                      flux=args.flux, deform=args.deform, cfl=args.cfl, method=args.method,
-                                      dtype=args.dtype, vtu=args.vtu, schedule=args.schedule, progress=log,
-                                      progress_bar=not quiet and comm.rank == 0, comm=comm)
-            result.update(_env())
-            text = _report_advection(result)
-            code = 0 if result["converged"] else 1
         elif args.command == "solve":
-            result = solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
-                                   args.maxiter, args.dtype, progress=log, backend=args.backend or "auto")
+            from . import verify
+
+            place = _placement(args)
+            first = jax.process_index() == 0 and ("comm" not in place or place["comm"].rank == 0)
+            if args.problem == "maxwell":
+                result = verify.verify_maxwell(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
+                                               deform=args.deform, cfl=args.cfl, method=args.method,
+                                               dtype=args.dtype, vtu=args.vtu, progress=log,
+                                               progress_bar=not quiet and first, place=place)
+                report = _report_maxwell
+            elif args.problem == "advection":
+                result = verify.verify_advection(args.order, args.elements, args.t_final,
+                                                 velocity=tuple(args.velocity), flux=args.flux, deform=args.deform,
+                                                 cfl=args.cfl, method=args.method, dtype=args.dtype, vtu=args.vtu,
+                                                 schedule=args.schedule, progress=log,
+                                                 progress_bar=not quiet and first, place=place)
+                report = _report_advection
+            else:
+                result = verify.solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
+                                              args.maxiter, args.dtype, progress=log, backend=args.backend or "auto",
+                                              place=place)
+                report = _report_solve
             result.update(_env())
-            text = _report_solve(result)
+            text = report(result)
             code = 0 if result["converged"] else 1
         else:
             from .bench import bench, measure_bandwidth
@@ -530,9 +518,7 @@ def main(argv=None) -> int:
             result.update(_env())
             text = _report_bench(result)
             code = 0
-    from ..parallel.comm import get_comm
-
-    if args.command == "info" or get_comm().rank == 0:  # under mpirun only rank 0 reports
+    if args.command == "info" or (jax.process_index() == 0 and get_comm().rank == 0):  # one process reports
         if args.json:
             out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
         else:

@@ -95,8 +95,8 @@ class Geometry:
     physical coordinates of the quadrature points.
     """
 
-    G: jax.Array
-    B: jax.Array
+    G: jax.Array = dataclasses.field(metadata=dict(pad=0))  # zero weights on the pads of a sharded run
+    B: jax.Array = dataclasses.field(metadata=dict(pad=0))
     jac: jax.Array
     rx: jax.Array
     xq: jax.Array

@@ -41,7 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import basis
-from ..parallel.comm import Comm, allreduce_sum
+from ..parallel.comm import Comm
+from . import shard
+from .base import Discretization
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed, received_positions
 from ..core.geometry import geometric_factors, quadrature
 from ..mesh.box import Mesh
@@ -200,7 +202,7 @@ def lift_faces(fu):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class DG:
+class DG(Discretization):
     """A DG discretization of a hex mesh on GLL nodes (pytree; arrays are leaves).
 
     Attributes (E elements, n = N + 1):
@@ -216,8 +218,8 @@ class DG:
       fgs: face-point gather–scatter plan (ids of :class:`FaceConnectivity`);
         distributed, it also exchanges the faces shared with other ranks.
       order: polynomial order N (static).
-      elements: ``(E,)`` global indices of this rank's elements (all of them on
-        one rank); ``None`` for a hand-built DG.
+      elements: ``(E,)`` mesh indices of the elements held (−1: padding of a
+        sharded DG).
       halo: ``(H,)`` int32 local indices of the elements with a face point
         shared with another rank (distributed only, else ``None``).
       halo_map: ``(H, 6, n, n)`` int32: for each face point of a halo element,
@@ -225,45 +227,37 @@ class DG:
         zero slot K where the point is not shared), so the remote neighbour
         values arrive as ``received[halo_map]``.
       num_global_elements: elements of the whole mesh (static; 0: same as E).
-      comm: the communicator (static, default serial ``Comm()``).
+      comm: the transport (static, :class:`jaxsem.parallel.comm.Transport`).
 
-    Distributed (``comm.size > 1``), every array holds only this rank's
-    elements, ``boundary`` marks physical boundary faces only (faces shared
-    with another rank are exchanged, not mirrored), and global reductions
-    (:meth:`integrate`, Maxwell's energy, errors and Δt) all-reduce over ``comm``.
+    Distributed, ``boundary`` marks physical boundary faces only (faces shared
+    with another rank or device are exchanged, not mirrored), and global
+    reductions (:meth:`integrate`, Maxwell's energy, errors and Δt) sum over all.
     """
 
     x: jax.Array
     D: jax.Array
     rx: jax.Array
     jac: jax.Array
-    mass: jax.Array
+    mass: jax.Array = dataclasses.field(metadata=dict(pad=0))
     normal: jax.Array
     sJ: jax.Array
     lift: jax.Array
-    boundary: jax.Array
+    boundary: jax.Array = dataclasses.field(metadata=dict(pad=0))
     fgs: GatherScatter
     order: int = dataclasses.field(metadata=dict(static=True))
-    elements: jax.Array | None = None
-    halo: jax.Array | None = None
-    halo_map: jax.Array | None = None
+    elements: jax.Array = dataclasses.field(metadata=dict(blocks=True))
+    halo: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
+    halo_map: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
     num_global_elements: int = dataclasses.field(default=0, metadata=dict(static=True))
     comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
 
     @property
-    def n(self) -> int:
-        return self.order + 1
-
-    @property
-    def num_elements(self) -> int:
-        return int(self.x.shape[1])
+    def weight(self):
+        """``(E, n, n, n)`` GLL mass weights (:attr:`mass`)."""
+        return self.mass
 
     def faces(self, u):
         return faces(u)
-
-    def integrate(self, u):
-        """∫ u dx with the GLL rule; ``u: (..., E, n, n, n)`` summed over everything (all ranks)."""
-        return allreduce_sum(jnp.sum(self.mass * u), self.comm)
 
 
 def discretize_dg(
@@ -273,6 +267,7 @@ def discretize_dg(
     connectivity: FaceConnectivity | None = None,
     comm: Comm | None = None,
     partition: np.ndarray | None = None,
+    devices=None,
 ) -> DG:
     """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
 
@@ -283,6 +278,8 @@ def discretize_dg(
     :func:`jaxsem.partition.partition_mesh`); the face exchange is the
     additive gather–scatter over the global face-point ids with one packed
     message per neighbour rank (:func:`jaxsem.gather_scatter.make_gs_distributed`).
+    ``devices``: several devices (as :func:`jaxsem.discretize`): global arrays split
+    over them along the element axis, JAX's own transport.
 
     Raises ``ValueError`` for an inverted element (from
     :func:`jaxsem.geometry.geometric_factors`), a bad dtype or a bad partition.
@@ -292,10 +289,17 @@ def discretize_dg(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
+    if devices is not None and not (isinstance(devices, (int, np.integer)) and devices == 1):
+        if comm is not None:
+            raise ValueError("give comm (MPI, one process per device) or devices (sharded), not both")
+        return shard.distribute(
+            lambda c, part: discretize_dg(mesh, dtype, numbering, conn, c, part), mesh, devices, partition,
+            pad_extra=_pad_halo)
     comm = Comm() if comm is None else comm
     if not isinstance(comm, Comm):
-        raise TypeError(f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__}")
-    conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
+        raise TypeError(f"comm must be a jaxsem.parallel.Comm, got {type(comm).__name__} "
+                        "(for several devices use devices=)")
     N = mesh.order
     Eg = mesh.num_elements
     if comm.size > 1:
@@ -320,6 +324,28 @@ def discretize_dg(
         halo=None if halo is None else jnp.asarray(halo, jnp.int32),
         halo_map=None if halo_map is None else jnp.asarray(halo_map, jnp.int32),
     )
+
+
+def _pad_halo(parts, padded, sizes: dict):
+    """The ranks' halo lists padded to the longest (pad rows read the zero slot), with
+    positions moved to the padded rounds' layout of :func:`exchange_received`."""
+    if parts[0].halo is None:
+        return padded
+    H_max = max(int(np.shape(p.halo)[0]) for p in parts)
+    return [_pad_halo_rank(p, q, sizes["rounds"][0], H_max) for p, q in zip(parts, padded)]
+
+
+def _pad_halo_rank(part: DG, padded: DG, round_len, H_max: int) -> DG:
+    lens = [int(np.shape(i)[0]) for i in part.fgs.exchange.idx]
+    offs = np.concatenate([[0], np.cumsum(lens)])
+    offs_p = np.concatenate([[0], np.cumsum(round_len)])
+    hm = np.asarray(part.halo_map).astype(np.int64)
+    r = np.clip(np.searchsorted(offs, hm, side="right") - 1, 0, len(lens) - 1)
+    hm = np.where(hm < offs[-1], offs_p[r] + hm - offs[r], offs_p[-1])
+    H = hm.shape[0]
+    halo = np.concatenate([np.asarray(part.halo, np.int32), np.zeros(H_max - H, np.int32)])
+    hm = np.concatenate([hm, np.full((H_max - H,) + hm.shape[1:], offs_p[-1])]).astype(np.int32)
+    return dataclasses.replace(padded, halo=halo, halo_map=hm)
 
 
 def halo_plan(fgs: GatherScatter, N: int):
@@ -360,7 +386,7 @@ def face_exchange(dg: DG, fu):
     One gather–scatter for all C components (one ``segment_sum`` batched over C);
     on a distributed DG, plus one packed message per neighbour rank for all C.
     """
-    return gs_apply(dg.fgs, fu)
+    return dg.comm.local_map(gs_apply, dg.fgs, fu)
 
 
 def neighbor_values(dg: DG, fu, exchange: Exchange | None = None):

@@ -59,7 +59,7 @@ class Exchange:
     positions of a zero slot (see :mod:`jaxsem.shard`).
     """
 
-    idx: tuple
+    idx: tuple = dataclasses.field(metadata=dict(blocks=True))
     partners: tuple = dataclasses.field(metadata=dict(static=True))
     comm: object = dataclasses.field(metadata=dict(static=True))
     rounds: tuple = dataclasses.field(metadata=dict(static=True), default=())
@@ -75,12 +75,7 @@ def _round_messages(ex: Exchange, s):
     All send buffers are packed from ``s: (..., num_nodes)`` before the first
     message, so every round depends on ``s`` alone.
     """
-    bufs = [s[..., i] for i in ex.idx]
-    if isinstance(ex.comm, _comm.ShardComm):
-        return [jax.lax.ppermute(buf, ex.comm.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
-                for rnd, buf in zip(ex.rounds, bufs)]
-    return [_comm.sendrecv(buf, buf, source=p, dest=p, comm=ex.comm) if p >= 0 else None
-            for p, buf in zip(ex.partners, bufs)]
+    return ex.comm.exchange(ex, [s[..., i] for i in ex.idx])
 
 
 def exchange_add(ex: Exchange, s):
@@ -139,13 +134,13 @@ class GatherScatter:
     an empty row keeps its value.
     """
 
-    gid: jax.Array
+    gid: jax.Array = dataclasses.field(metadata=dict(blocks=True))
     mult: jax.Array
     num_global: int = dataclasses.field(metadata=dict(static=True))
     layout: str = dataclasses.field(metadata=dict(static=True), default="segment")
     exchange: Exchange | None = None
-    csr_off: jax.Array | None = None
-    csr_idx: jax.Array | None = None
+    csr_off: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
+    csr_idx: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
 
     def __call__(self, u):
         return gs_apply(self, u)

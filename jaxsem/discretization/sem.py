@@ -16,7 +16,9 @@ import numpy as np
 from ..backends import Backend, resolve as resolve_backend
 from ..core import geometry as geo
 from ..core.reduce import weighted_dots
-from ..parallel.comm import Comm, allreduce_sum, get_comm
+from ..parallel.comm import Comm, get_comm
+from . import shard
+from .base import Discretization
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from ..mesh.box import Mesh
 from ..mesh.numbering import Numbering, number_nodes
@@ -27,7 +29,7 @@ __all__ = ["SEM", "discretize"]
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class SEM:
+class SEM(Discretization):
     """A spectral-element discretization (pytree).
 
     Attributes (E elements, n = N + 1 GLL points, q quadrature points per axis):
@@ -40,14 +42,16 @@ class SEM:
         for Neumann problems).
       bmass: ``(E, n, n, n)`` assembled-ready diagonal GLL mass (w·jac on GLL nodes),
         used for L2 norms of E-vectors.
-      elements: ``(E,)`` global indices of this rank's elements (all on one rank).
+      elements: ``(E,)`` mesh indices of the elements held (−1: padding of a sharded SEM).
       w: ``(q,)`` weights of the operator's quadrature rule.
       order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
       backend: static :class:`jaxsem.backends.Backend`, the element kernels (and through
         ``gs``, the gather–scatter) chosen once by :func:`discretize`.
 
-    Distributed, each rank holds only its elements; ``dot``, ``integrate`` and
-    ``norm`` sum over all ranks, and ``dssum`` exchanges shared nodes.
+    Under MPI each rank holds only its elements; sharded over devices the arrays are
+    global and split along the element axis (:mod:`jaxsem.discretization.shard`).
+    Either way ``dot``, ``integrate`` and ``norm`` sum over everything and ``dssum``
+    exchanges shared nodes.
     """
 
     x: jax.Array
@@ -56,9 +60,9 @@ class SEM:
     Dt: jax.Array
     geom: geo.Geometry
     gs: GatherScatter
-    mask: jax.Array
-    bmass: jax.Array
-    elements: jax.Array
+    mask: jax.Array = dataclasses.field(metadata=dict(pad=0))
+    bmass: jax.Array = dataclasses.field(metadata=dict(pad=0))
+    elements: jax.Array = dataclasses.field(metadata=dict(blocks=True))
     w: jax.Array
     order: int = dataclasses.field(metadata=dict(static=True))
     quadrature: str = dataclasses.field(metadata=dict(static=True))
@@ -67,12 +71,9 @@ class SEM:
     backend: Backend = dataclasses.field(metadata=dict(static=True), default=Backend())
 
     @property
-    def n(self) -> int:
-        return self.order + 1
-
-    @property
-    def num_elements(self) -> int:
-        return int(self.x.shape[1])
+    def weight(self):
+        """``(E, n, n, n)`` GLL mass weights (:attr:`bmass`)."""
+        return self.bmass
 
     @property
     def mult(self):
@@ -102,11 +103,11 @@ class SEM:
 
     def dssum(self, u):
         """QQᵀ u (direct stiffness summation) of ``u: (..., E, n, n, n)``."""
-        return gs_apply(self.gs, u)
+        return self.comm.local_map(gs_apply, self.gs, u)
 
     def dot(self, u, v):
         """Σ u·v/multiplicity: the global inner product of continuous E-vectors."""
-        return allreduce_sum(jnp.sum(u * v * self.gs.mult), self.comm)
+        return self.comm.allreduce(jnp.sum(u * v * self.gs.mult))
 
     def dots(self, pairs):
         """Several weighted inner products ``[(u, v), …]`` with one all-reduce: ``(len(pairs),)``.
@@ -114,19 +115,15 @@ class SEM:
         One variadic reduction over all pairs, so PCG's (r, z) and (r, r) read r, z and
         the weights in one pass.
         """
-        return weighted_dots(self.gs.mult, lambda s: allreduce_sum(s, self.comm))(pairs)
+        return weighted_dots(self.gs.mult, self.comm.allreduce)(pairs)
 
     def interpolate(self, f: Callable):
         """Nodal values ``f(x, y, z)`` at the GLL nodes: ``(E, n, n, n)`` or ``(k, E, n, n, n)``."""
         return jnp.asarray(f(self.x[0], self.x[1], self.x[2]))
 
-    def integrate(self, u):
-        """∫ u dx with the GLL rule (u an E-vector, each element integrated once)."""
-        return allreduce_sum(jnp.sum(self.bmass * u), self.comm)
-
     def norm(self, u):
         """L2 norm √∫|u|² with the GLL rule; ``u: (..., E, n, n, n)``."""
-        return jnp.sqrt(allreduce_sum(jnp.sum(self.bmass * u * u), self.comm))
+        return jnp.sqrt(self.integrate(u * u))
 
 
 def discretize(
@@ -139,6 +136,7 @@ def discretize(
     numbering: Numbering | None = None,
     comm: Comm | None = None,
     partition: np.ndarray | None = None,
+    devices=None,
 ) -> SEM:
     """Number, measure and plan a mesh.
 
@@ -151,10 +149,15 @@ def discretize(
         :mod:`jaxsem.backends`. Resolved here, once, and kept on the result.
       dtype: ``jnp.float64`` (default) or ``jnp.float32``.
       numbering: a :class:`Numbering` of ``mesh`` to reuse (computed if None).
-      comm: communicator (default :func:`jaxsem.comm.get_comm`); with several
-        ranks each keeps only its own elements.
-      partition: ``(E,)`` rank of each element (default
-        :func:`jaxsem.partition.partition_mesh`).
+      comm: MPI transport (default :func:`jaxsem.parallel.get_comm`: serial, or one
+        process per device under ``mpirun``, each keeping only its own elements).
+      partition: ``(E,)`` rank (or device) of each element (default
+        :func:`jaxsem.mesh.partition_mesh`).
+      devices: ``None`` (one device, or the MPI ranks of ``comm``), or several devices —
+        an int P, a sequence of devices (of this process or, under ``jax.distributed``,
+        of all processes) or a one-axis ``jax.sharding.Mesh``: then the arrays are global
+        and split over the devices along the element axis (:mod:`.shard`), the transport
+        is JAX's own (``psum``/``ppermute``), and everything else runs unchanged.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -167,12 +170,16 @@ def discretize(
         numbering = number_nodes(mesh)
     elif numbering.gid.shape != (mesh.num_elements,) + (mesh.n,) * 3:
         raise ValueError(f"numbering does not match the mesh: gid shape {numbering.gid.shape}")
+    if devices is not None and not (isinstance(devices, (int, np.integer)) and devices == 1):
+        if comm is not None:
+            raise ValueError("give comm (MPI, one process per device) or devices (sharded), not both")
+        return shard.distribute(
+            lambda c, part: discretize(mesh, quadrature, dirichlet, backend, dtype, q, numbering, c, part),
+            mesh, devices, partition)
     comm = get_comm() if comm is None else comm
     if not isinstance(comm, Comm):
-        raise TypeError(
-            f"comm must be a jaxsem.comm.Comm, got {type(comm).__name__} "
-            "(for several devices in one process use jaxsem.shard.discretize_sharded)"
-        )
+        raise TypeError(f"comm must be a jaxsem.parallel.Comm, got {type(comm).__name__} "
+                        "(for several devices use devices=)")
     quad = geo.quadrature(mesh.order, quadrature, q)
     kernels = resolve_backend(backend, mesh.order, int(quad.J.shape[0]), dtype)
     mask = np.ones(numbering.gid.shape)

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..solvers import timestepping as ts
-from ..parallel.comm import allreduce_sum
 from ..discretization.dg import DG
 
 # The power iteration approaches ρ from below; this margin covers its shortfall.
@@ -45,10 +44,13 @@ def rhs_fn(rhs: Callable, exchange: Callable | None, **options):
     (``None``: the rhs's built-in :func:`jaxsem.dg.face_exchange`).
     """
 
-    def f(t, q, args):
-        dg, p = args
+    def local(dg, p, q):
         ex = None if exchange is None else (lambda v: exchange(dg, v))
         return rhs(dg, p, q, exchange=ex, **options)
+
+    def f(t, q, args):
+        dg, p = args
+        return dg.local_map(local, p, q)
 
     return f
 
@@ -62,19 +64,16 @@ def spectral_radius(dg: DG, f: Callable, args, inner: Callable, lead: tuple = ()
     """Power-iteration ρ of ``v ↦ f(0, v, args)``, ``v: (*lead, E, n, n, n)``, in the norm of ``inner``.
 
     ``f`` a cached :func:`rhs_fn` (the same object reuses the operator). The start
-    vector is NumPy's seed-0 normal draw of the whole mesh's shape; distributed,
-    each rank takes its elements' part of it and ``inner`` all-reduces, so every
-    rank gets the serial ρ (up to the order of the sums).
+    vector is NumPy's seed-0 normal draw of the whole mesh's shape, of which each
+    rank or device block takes its elements (zero on pads), so every transport gets
+    the serial ρ (up to the order of the sums).
     """
-    apply = _operator(f)
-    if dg.comm.size > 1:
-        shape = lead + (dg.num_global_elements,) + (dg.n,) * 3
-        mine = (slice(None),) * len(lead) + (np.asarray(dg.elements),)
-        v = np.random.default_rng(0).standard_normal(shape)[mine]
-        go = ts._power_fn(apply, inner, int(iterations))
-        return float(go(jnp.asarray(v, dg.jac.dtype), args))
-    like = jax.ShapeDtypeStruct(lead + dg.jac.shape, dg.jac.dtype)
-    return ts.spectral_radius(apply, like, args, inner=inner, iterations=iterations)
+    el = dg.host_elements()
+    shape = lead + (dg.num_global_elements or el.size,) + (dg.n,) * 3
+    v = np.take(np.random.default_rng(0).standard_normal(shape), np.maximum(el, 0), axis=-4)
+    v = v * (el >= 0)[:, None, None, None]  # pads start (and stay) at zero
+    like = jax.ShapeDtypeStruct(v.shape, dg.jac.dtype)
+    return ts.spectral_radius(_operator(f), like, args, inner=inner, iterations=iterations, start=v)
 
 
 def relative_error(dg: DG, q, q_exact) -> float:
@@ -88,5 +87,5 @@ def _relative_error(mass, q, q_exact, comm):
         v2 = v**2
         return jnp.sum(mass * (jnp.sum(v2, 0) if v2.ndim > mass.ndim else v2))
 
-    num, den = allreduce_sum(jnp.stack([norm2(q - q_exact), norm2(q_exact)]), comm)
+    num, den = comm.allreduce(jnp.stack([norm2(q - q_exact), norm2(q_exact)]))
     return jnp.sqrt(num / den)

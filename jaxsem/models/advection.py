@@ -41,7 +41,6 @@ import numpy as np
 
 from ..core import basis
 from ..solvers import timestepping as ts
-from ..parallel.comm import allreduce_sum
 from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
 from ..discretization.gather_scatter import exchange_received, global_to_local, local_to_global
 from ..mesh.box import box_mesh
@@ -55,7 +54,6 @@ __all__ = [
     "SCHEDULES",
     "Transport",
     "transport",
-    "transport_sharded",
     "curl_metrics",
     "rhs",
     "make_rhs",
@@ -68,7 +66,6 @@ __all__ = [
     "simulate",
     "solve_gaussian",
     "AdvectionResult",
-    "verify",
 ]
 
 FLUXES = ("upwind", "central")
@@ -136,22 +133,8 @@ def transport(dg: DG, velocity=DEFAULT_VELOCITY, exchange: Exchange | None = Non
     """Flux weights of the constant ``velocity`` on ``dg`` (one exchange for the ⁺ side)."""
     c = _velocity(velocity)
     # The metrics from the float64 GLL points and nodes (dg.x may be float32).
-    A = _contravariant(dg.order, dg.x, c)
+    A = _contravariant(dg.order, dg.host(dg.x), c)
     return _transport(dg, jnp.asarray(c, dg.jac.dtype), jnp.asarray(A, dg.jac.dtype), exchange)
-
-
-def transport_sharded(dg_stacked: DG, device_mesh, velocity=DEFAULT_VELOCITY) -> Transport:
-    """:func:`transport` of a stacked DG from :func:`jaxsem.shard.discretize_dg_sharded`.
-
-    Returns the stacked Transport (every leaf ``(P, ...)``, sharded like ``dg_stacked``).
-    """
-    from ..discretization import shard
-
-    c = _velocity(velocity)
-    dtype = dg_stacked.jac.dtype
-    A = shard.per_rank(lambda d: _contravariant(dg_stacked.order, d.x, c).astype(dtype), dg_stacked, device_mesh)
-    return jax.jit(shard.shard_fn(lambda d, a: _transport(d, jnp.asarray(c, dtype), a, None), device_mesh))(
-        dg_stacked, A)
 
 
 @functools.partial(jax.jit, static_argnums=3)
@@ -261,7 +244,7 @@ def energy(dg: DG, u):
 
 def _inner(u, v, args):
     dg, _ = args
-    return allreduce_sum(jnp.sum(dg.mass * u * v), dg.comm)
+    return dg.comm.allreduce(jnp.sum(dg.mass * u * v))
 
 
 def spectral_radius(dg: DG, tr: Transport, flux: str = "upwind", iterations: int = 60,
@@ -347,14 +330,14 @@ def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
                    width: float = DEFAULT_WIDTH, center=DEFAULT_CENTER, flux: str = "upwind",
                    deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4", lengths=(1.0, 1.0, 1.0),
                    dtype=jnp.float64, progress: bool = False, chunk_steps: int = 100, form: str = "split",
-                   comm=None, partition=None, schedule: str = "bulk"):
+                   comm=None, partition=None, devices=None, schedule: str = "bulk"):
     """The periodic Gaussian carried across the periodic box; returns ``(dg, u, AdvectionResult)``.
 
     ``seconds`` counts the time stepping only (compiled beforehand); the error
     is relative L2 against :func:`gaussian` at ``t_final``.
     """
     mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(True,) * 3, deform=deform)
-    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition)
+    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition, devices=devices)
     tr = transport(dg, velocity)
     exact = functools.partial(gaussian, velocity=velocity, center=center, width=width, lengths=lengths)
     u0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
@@ -367,49 +350,3 @@ def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
     return dg, u, AdvectionResult(err, info.steps, dt, limit, info.seconds, float(mass(dg, u0)),
                                   float(mass(dg, u)), float(energy(dg, u0)), float(energy(dg, u)),
                                   dg.num_elements, order)
-
-
-def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY,
-           flux: str = "upwind", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
-           dtype: str = "float64", progress=None, progress_bar: bool = False, comm=None,
-           vtu: str | None = None, schedule: str = "bulk") -> dict:
-    """:func:`solve_gaussian` as a JSON-ready dict (the ``jaxsem solve advection`` result).
-
-    ``vtu``: write u and the exact solution at ``t_final`` to this file (one
-    file per rank when distributed, ``PATH.rank{r}.vtu``); ``schedule``: see
-    :func:`rhs`.
-
-    ``dofs = E·p³``; ``error_l2`` relative L2 vs the exact translated Gaussian
-    at ``t_final``; ``mass_drift`` = |∫u(T) − ∫u(0)| / ∫u(0); ``converged``
-    is True when the run stayed finite.
-    """
-    note = progress or (lambda m: None)
-    E = int(np.prod(elements))
-    base = dict(problem="advection", order=order, elements=list(elements), num_elements=E, components=1,
-                dofs=E * order**3, points=E * (order + 1) ** 3, velocity=[float(v) for v in velocity],
-                width=DEFAULT_WIDTH, flux=flux, method=method, deform=float(deform), cfl=float(cfl),
-                t_final=float(t_final), dtype=dtype, schedule=schedule)
-    note(f"advection: order {order}, elements {tuple(elements)}, deform {deform}, periodic Gaussian, "
-         f"velocity {tuple(velocity)}, {flux} flux, {method}, t_final {t_final}")
-    tic = time.perf_counter()
-    try:
-        dg, u, r = solve_gaussian(order, elements, t_final, velocity=velocity, flux=flux, deform=deform,
-                                  cfl=cfl, method=method, dtype=jnp.dtype(dtype), progress=progress_bar,
-                                  comm=comm, schedule=schedule)
-    except ts.NonFiniteError as e:
-        note(f"advection: {e}")
-        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
-                    message=str(e))
-    total = time.perf_counter() - tic
-    if vtu:
-        from ..io import rank_path, write_vtu
-
-        vtu = rank_path(vtu, dg.comm)
-        note(f"advection: writing {vtu}")
-        exact = gaussian(dg.x, t_final, velocity)
-        write_vtu(vtu, dg, u=u, u_exact=exact)
-    return dict(
-        base, vtu=vtu, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
-        dt_limit=r.dt_limit, mass_drift=abs(r.mass - r.mass0) / abs(r.mass0), energy_ratio=r.energy / r.energy0,
-        seconds=r.seconds, compile_seconds=total - r.seconds,
-    )

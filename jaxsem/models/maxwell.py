@@ -48,7 +48,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..solvers import timestepping as ts
-from ..parallel.comm import allreduce_sum
 from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
 from ..mesh.box import box_mesh
 from . import _dg_common as common
@@ -72,7 +71,6 @@ __all__ = [
     "simulate",
     "solve_mode",
     "ModeResult",
-    "verify",
     "flops_per_step",
 ]
 
@@ -223,13 +221,13 @@ def make_rhs(flux: str = "upwind", bc: str = "pec", exchange: Callable | None = 
 def energy(dg: DG, mat: Material, q):
     """Electromagnetic energy ½ ∫ (ε|E|² + μ|H|²) dx with the GLL rule (summed over all ranks)."""
     local = jnp.sum(dg.mass * (mat.eps * jnp.sum(q[:3] ** 2, 0) + mat.mu * jnp.sum(q[3:] ** 2, 0)))
-    return 0.5 * allreduce_sum(local, dg.comm)
+    return 0.5 * dg.comm.allreduce(local)
 
 
 def _energy_inner(u, v, args):
     dg, mat = args
     local = jnp.sum(dg.mass * (mat.eps * jnp.sum(u[:3] * v[:3], 0) + mat.mu * jnp.sum(u[3:] * v[3:], 0)))
-    return allreduce_sum(local, dg.comm)
+    return dg.comm.allreduce(local)
 
 
 def spectral_radius(dg: DG, mat: Material, flux: str = "upwind", bc: str = "pec", iterations: int = 60,
@@ -356,7 +354,7 @@ class ModeResult(NamedTuple):
 def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
                bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
                lengths=(1.0, 1.0, 1.0), mode=None, dtype=jnp.float64, progress: bool = False,
-               chunk_steps: int = 100, form: str = "split", comm=None, partition=None):
+               chunk_steps: int = 100, form: str = "split", comm=None, partition=None, devices=None):
     """Exact-mode verification run in a box: PEC cavity mode or periodic plane wave.
 
     ``comm``/``partition``: distributed run (see :func:`jaxsem.dg.discretize_dg`;
@@ -370,7 +368,7 @@ def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux
         raise ValueError(f"bc must be 'pec' or 'periodic', got {bc!r}")
     periodic = bc == "periodic"
     mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(periodic,) * 3, deform=deform)
-    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition)
+    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition, devices=devices)
     mat = material(dg)
     if periodic:
         exact = functools.partial(plane_wave, lengths=lengths, wavenumber=mode or (1, 1, 0))
@@ -386,51 +384,3 @@ def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux
     err = relative_error(dg, q, exact(dg.x, t_final))
     return dg, q, ModeResult(err, info.steps, dt, limit, info.seconds, float(energy(dg, mat, q0)),
                              float(energy(dg, mat, q)), dg.num_elements, order)
-
-
-def verify(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
-           bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
-           dtype: str = "float64", vtu: str | None = None, progress=None, progress_bar: bool = False,
-           comm=None) -> dict:
-    """:func:`solve_mode` as a JSON-ready dict (the ``jaxsem solve maxwell`` result).
-
-    With a distributed ``comm`` each rank holds its elements (the numbers are
-    global); ``vtu`` then gets one file per rank, ``PATH.rank{r}.vtu``.
-
-    ``dofs = E·p³`` per field component (6 components: ``components``);
-    ``error_l2`` is the relative L2 error of (E, H) against the exact mode at
-    ``t_final``; ``converged`` is True when the run stayed finite (a blow-up
-    gives ``converged: False`` and no error). ``gflops`` uses NekCEM's work
-    model :func:`flops_per_step` (n = E(N+1)³), ``seconds`` the (compiled) time
-    stepping, ``compile_seconds`` everything before it (discretization, Δt
-    limit, compilation).
-    """
-    note = progress or (lambda m: None)
-    E = int(np.prod(elements))
-    base = dict(problem="maxwell", order=order, elements=list(elements), num_elements=E, components=6,
-                dofs=E * order**3, points=E * (order + 1) ** 3, flux=flux, bc=bc, method=method,
-                deform=float(deform), cfl=float(cfl), t_final=float(t_final), dtype=dtype)
-    note(f"maxwell: order {order}, elements {tuple(elements)}, deform {deform}, {bc} {'cavity mode' if bc == 'pec' else 'plane wave'}, "
-         f"{flux} flux, {method}, t_final {t_final}")
-    tic = time.perf_counter()
-    try:
-        dg, q, r = solve_mode(order, elements, t_final, flux=flux, bc=bc, deform=deform, cfl=cfl, method=method,
-                              dtype=jnp.dtype(dtype), progress=progress_bar, comm=comm)
-    except ts.NonFiniteError as e:
-        note(f"maxwell: {e}")
-        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
-                    message=str(e))
-    total = time.perf_counter() - tic
-    if vtu:
-        from ..io import rank_path, write_vtu
-
-        vtu = rank_path(vtu, dg.comm)
-        note(f"maxwell: writing {vtu}")
-        write_vtu(vtu, dg, E=q[:3], H=q[3:])
-    return dict(
-        base, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
-        dt_limit=r.dt_limit, energy_ratio=r.energy / r.energy0, seconds=r.seconds,
-        compile_seconds=total - r.seconds,
-        gflops=flops_per_step(order, E) * r.steps / r.seconds / 1e9 if r.seconds > 0 else None,
-        vtu=vtu,
-    )

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import geometry as geo
-from ..parallel.comm import allreduce_max, allreduce_sum
 from ..discretization.sem import SEM, discretize
 from ..mesh.box import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
@@ -62,29 +61,31 @@ def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
 
     ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``. The element
     kernels are those of ``sem.backend`` (:mod:`jaxsem.backends`): the collocated stiffness
-    (BP5/6) and, on Gauss points, stiffness and mass (BP1–4).
+    (BP5/6) and, on Gauss points, stiffness and mass (BP1–4); per device when sharded.
     """
+    return lambda u: sem.local_map(_element_apply, u, h1, h2)
+
+
+def _element_apply(sem: SEM, u, h1, h2):
     g = sem.geom
-    coll = sem.quadrature == "gll"
     k = sem.backend
-
-    def apply(u):
-        w = 0.0
-        if not _is_zero(h1):
-            h = None if _unit(h1) else h1
-            w = k.stiffness_gll(u, sem.D, g.G, h) if coll else k.stiffness(u, sem.J, sem.Dt, g.G, h)
-        if not _is_zero(h2):
-            h = None if _unit(h2) else h2
-            w = w + ((g.B if h is None else g.B * h) * u if coll else k.mass(u, sem.J, g.B, h))
-        return w
-
-    return apply
+    w = 0.0
+    if not _is_zero(h1):
+        h = None if _unit(h1) else h1
+        w = k.stiffness_gll(u, sem.D, g.G, h) if sem.quadrature == "gll" else k.stiffness(u, sem.J, sem.Dt, g.G, h)
+    if not _is_zero(h2):
+        h = None if _unit(h2) else h2
+        w = w + ((g.B if h is None else g.B * h) * u if sem.quadrature == "gll" else k.mass(u, sem.J, g.B, h))
+    return w
 
 
 def operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
     """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u."""
-    loc = local_operator(sem, h1, h2)
-    return lambda u: sem.mask * sem.dssum(loc(u))
+    return lambda u: sem.local_map(_assembled_apply, u, h1, h2)
+
+
+def _assembled_apply(sem: SEM, u, h1, h2):
+    return sem.mask * sem.dssum(_element_apply(sem, u, h1, h2))
 
 
 def _unit(h):
@@ -131,6 +132,10 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     geometry by one adjoint solve; with the CUDA backend the adjoint runs the kernels too
     and the one extra operator application of a derivative runs the einsum reference.
     """
+    return sem.local_map(_solve, f, h1, h2, tol, maxiter, rhs, method)
+
+
+def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method):
     b = load(sem, f) if rhs is None else rhs
     A = operator(sem, h1, h2)
     dinv = jacobi(sem, h1, h2)
@@ -188,18 +193,19 @@ def relative_errors(sem: SEM, u_h, u_exact: Callable):
     Returns two Python floats. ``u_exact(x, y, z)`` must be written with ``jnp``.
     """
     quad = geo.quadrature(sem.order, "gauss", q=sem.order + 4)
-    sums, maxes = _errors(sem.x.astype(jnp.float64), u_h.astype(jnp.float64), jnp.asarray(quad.J),
-                          jnp.asarray(quad.Dt), jnp.asarray(quad.w), u_exact)
-    sums, maxes = allreduce_sum(sums, sem.comm), allreduce_max(maxes, sem.comm)
+    sums, maxes = _errors(sem.x.astype(jnp.float64), u_h.astype(jnp.float64), sem.valid.astype(jnp.float64),
+                          jnp.asarray(quad.J), jnp.asarray(quad.Dt), jnp.asarray(quad.w), u_exact)
+    sums, maxes = sem.comm.allreduce(sums), sem.comm.allreduce(maxes, "max")
     return float(jnp.sqrt(sums[0] / sums[1])), float(maxes[0] / maxes[1])
 
 
-@functools.partial(jax.jit, static_argnums=5)
-def _errors(x, u_h, J, Dt, w, u_exact):
+@functools.partial(jax.jit, static_argnums=6)
+def _errors(x, u_h, valid, J, Dt, w, u_exact):
     g = geo._factors(x, J, Dt, w, False)
     uq = interp(u_h, J)
     ue = u_exact(g.xq[0], g.xq[1], g.xq[2])
     un = u_exact(x[0], x[1], x[2])
-    sums = jnp.stack([jnp.sum(g.B * (uq - ue) ** 2), jnp.sum(g.B * ue**2)])
-    maxes = jnp.stack([jnp.max(jnp.abs(u_h - un)), jnp.max(jnp.abs(un))])
+    B = g.B * valid
+    sums = jnp.stack([jnp.sum(B * (uq - ue) ** 2), jnp.sum(B * ue**2)])
+    maxes = jnp.stack([jnp.max(valid * jnp.abs(u_h - un)), jnp.max(valid * jnp.abs(un))])
     return sums, maxes

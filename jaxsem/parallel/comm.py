@@ -1,32 +1,23 @@
-"""Communication between processes: the only module of jaxsem that knows about MPI.
+"""Transports: how the processes and devices of a run talk (the only module that knows MPI).
 
-One process per device; every process holds its own block of elements and calls the
-same jitted program. The few places where processes must talk to each other go
-through the functions here:
+Every exchange in jaxsem goes through one interface, :class:`Transport`: global
+reductions (:meth:`~Transport.allreduce`), the packed neighbour messages of an
+exchange plan (:meth:`~Transport.exchange`) and running a function on the local
+block of elements (:meth:`~Transport.local_map`). Three implementations:
 
-* :func:`allreduce_sum` -- global sums (inner products, norms, residuals);
-* :func:`sendrecv` -- one pairwise buffer swap (neighbour exchanges of the
-  distributed gather--scatter).
+* ``Comm()`` — serial: every operation is the identity;
+* ``Comm(rank, size)`` from :func:`get_comm` under ``mpirun`` — one process per
+  device, each holding its own elements; reductions and ``sendrecv`` through
+  mpi4jax (reverse-mode differentiable through its transpose rules);
+* :class:`ShardComm` — devices of one process, or of many processes started with
+  ``jax.distributed``, under JAX's own runtime (``psum``/``ppermute``, NCCL on
+  GPUs); the discretization holds global arrays split over the devices.
 
-Both are ordinary JAX functions: they work inside ``jax.jit``, ``lax.while_loop``,
-``lax.scan`` / ``fori_loop`` and ``vmap``, and reverse-mode ``jax.grad`` goes through
-them (via mpi4jax's transpose rules).
-
-Single process
-    ``import jaxsem.comm`` never imports MPI. :func:`get_comm` imports ``mpi4py`` only
-    when an MPI launcher started this process (it looks for the environment variables
-    that ``mpirun``/``mpiexec`` set, see :func:`launcher_size`). When there is no
-    launcher, when ``mpi4py`` is not installed, or when the world has one process,
-    the communicator has ``size == 1``, ``mpi4jax`` is never imported, and every
-    operation is the identity. The same code path therefore runs on one process and
-    on many.
-
-Several processes
-    ``mpirun -n 4 python script.py`` (with ``mpi4py`` and ``mpi4jax`` installed):
-    :func:`get_comm` wraps a private duplicate of ``MPI.COMM_WORLD`` (so jaxsem's
-    messages never mix with the user's own MPI traffic), and the operations call
-    ``mpi4jax``. Every rank must call the same collective operations in the same
-    order.
+The transport is chosen once, where a discretization is built, and kept static
+on it. ``import jaxsem.parallel.comm`` never imports MPI: :func:`get_comm`
+imports ``mpi4py`` only when an MPI launcher started this process (see
+:func:`launcher_size`) and then wraps a private duplicate of ``COMM_WORLD``.
+Every rank must call the same collective operations in the same order.
 """
 
 from __future__ import annotations
@@ -39,8 +30,10 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
 
-__all__ = ["Comm", "ShardComm", "get_comm", "launcher_size", "local_rank", "bind_local_device",
+__all__ = ["Transport", "Comm", "ShardComm", "element_specs", "init_distributed", "get_comm", "launcher_size", "local_rank", "bind_local_device",
            "allreduce_sum", "allreduce_max", "sendrecv"]
 
 # Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
@@ -95,10 +88,55 @@ def bind_local_device() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(lr)
 
 
+class Transport:
+    """How the processes or devices of a run talk: the one interface every exchange goes through.
+
+    Three implementations, chosen once where a discretization is built and kept static
+    on it (:class:`Comm` serial, :class:`Comm` over MPI with mpi4jax, :class:`ShardComm`
+    over JAX's own runtime):
+
+    * :meth:`allreduce` — global sums and maxima (inner products, norms, residuals);
+    * :meth:`exchange` — the packed neighbour messages of one exchange plan (a
+      :class:`jaxsem.discretization.gather_scatter.Exchange`), one per round;
+    * :meth:`local_map` — run a function on this process's or device's block of
+      elements (the identity for serial and MPI; ``jax.shard_map`` for sharded
+      global arrays).
+
+    Gather–scatter, the DG face exchange and the solvers are written once against
+    these three; nothing above this module asks which transport it has.
+    """
+
+    size: int
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process or device takes part."""
+        return self.size > 1
+
+    @property
+    def name(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def file_suffix(self) -> str:
+        """Suffix that keeps per-process files apart (``""`` where one process writes)."""
+        return ""
+
+    def allreduce(self, x, op: str = "sum"):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def exchange(self, ex, bufs):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def local_map(self, fn, *args):
+        """``fn(*args)`` on the local block of every element array (here: all of them)."""
+        return fn(*args)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Comm:
-    """A communicator: this process's rank and the number of processes.
+class Comm(Transport):
+    """Serial (``size == 1``) or MPI (one process per device, mpi4jax) transport.
 
     A JAX pytree with no leaves (``rank`` and ``size`` are static metadata), so it
     can be passed to, or closed over by, jitted functions; a change of ``rank`` or
@@ -120,30 +158,175 @@ class Comm:
             raise ValueError(f"rank must be an integer in [0, {self.size}), got {self.rank!r}")
 
     @property
-    def distributed(self) -> bool:
-        """True when there is more than one process (MPI calls really happen)."""
-        return self.size > 1
+    def name(self) -> str:
+        return "mpi" if self.size > 1 else "serial"
+
+    @property
+    def file_suffix(self) -> str:
+        return f".rank{self.rank}-of-{self.size}" if self.size > 1 else ""
+
+    def allreduce(self, x, op: str = "sum"):
+        """Sum (``op="sum"``) or maximum (``"max"``) of ``x`` over all ranks (mpi4jax); identity on one."""
+        _check_op(op)
+        if self.size == 1:
+            return x
+        import mpi4jax
+        from mpi4py import MPI
+
+        return mpi4jax.allreduce(jnp.asarray(x), op=getattr(MPI, op.upper()), comm=_mpi_world())
+
+    def exchange(self, ex, bufs):
+        """One ``sendrecv`` per round with this rank's partner (None where it sits out)."""
+        return [sendrecv(buf, buf, source=p, dest=p, comm=self) if p >= 0 else None
+                for p, buf in zip(ex.partners, bufs)]
+
+
+def init_distributed() -> bool:
+    """Start multi-controller JAX when a launcher (``mpirun``, ``srun``) started several processes.
+
+    Call it first thing, before any JAX computation: afterwards ``jax.devices()`` lists
+    every process's devices, and ``discretize(mesh, devices=jax.devices())`` spans them
+    all (NCCL between GPUs; gloo between CPU processes). Rank, size and coordinator come
+    from MPI through mpi4py (``cluster_detection_method="mpi4py"``). Returns True when
+    it initialized (or already had), False on a single process.
+    """
+    size = launcher_size()
+    if size is None or size <= 1:
+        return False
+    if jax.distributed.is_initialized():
+        return True
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # used only by CPU devices
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise RuntimeError(f"a launcher started {size} processes, but multi-controller JAX needs mpi4py "
+                           "to find its peers: pip install mpi4py") from None
+    jax.distributed.initialize(cluster_detection_method="mpi4py")
+    return True
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class ShardComm:
-    """The single-process, several-device backend: a named ``shard_map`` axis.
+class ShardComm(Transport):
+    """Devices of one or many processes under JAX's own runtime (NCCL between GPUs).
 
-    Inside ``jax.shard_map`` over ``axis_name`` (``size`` devices), global sums
-    are ``lax.psum`` and neighbour exchanges ``lax.ppermute`` (NCCL on GPUs).
-    Static (no leaves). Functions of this module accept it wherever they accept
-    a :class:`Comm`; point-to-point :func:`sendrecv` has no meaning here (the
-    exchange of :mod:`jaxsem.discretization.gather_scatter` is one ``ppermute``
-    per round of rank pairs).
+    A discretization built with ``devices=`` holds *global* ``jax.Array``s whose
+    element axis is split over the one axis ``axis_name`` of the device mesh
+    ``mesh``. Outside ``jax.shard_map``, code sees those global arrays: sums over
+    them are already global (:meth:`allreduce` is the identity) and
+    :meth:`local_map` enters ``shard_map`` (element arrays split by
+    :func:`element_specs`). Inside, each device sees its block: :meth:`allreduce`
+    is ``psum``/``pmax`` and :meth:`exchange` one ``ppermute`` per round of rank
+    pairs. Several processes (``jax.distributed``) share one global mesh, so the
+    same program spans hosts. Static (no leaves).
     """
 
     axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
     size: int = dataclasses.field(default=1, metadata=dict(static=True))
+    mesh: object = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
-    def distributed(self) -> bool:
-        return self.size > 1
+    def name(self) -> str:
+        return "shard"
+
+    def inside(self) -> bool:
+        """Whether the caller runs inside ``shard_map`` over ``axis_name`` (its blocks are local)."""
+        try:
+            jax.lax.psum(1, self.axis_name)
+        except NameError:
+            return False
+        return True
+
+    def allreduce(self, x, op: str = "sum"):
+        _check_op(op)
+        if not self.inside():
+            return x
+        return (jax.lax.psum if op == "sum" else jax.lax.pmax)(x, self.axis_name)
+
+    def exchange(self, ex, bufs):
+        return [jax.lax.ppermute(buf, self.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
+                for rnd, buf in zip(ex.rounds, bufs)]
+
+    def local_map(self, fn, *args):
+        """``fn(*args)`` on each device's block, as ``jax.shard_map`` (directly when already inside).
+
+        ``args``: pytrees whose element arrays are split by :func:`element_specs`; leaves
+        that are not arrays (Python numbers, functions) are passed as they are. ``fn``'s outputs: element fields (``ndim ≥ 4``,
+        element axis ``ndim − 4``) come back as global arrays; every other output must be
+        a global value (the same on every device, e.g. a ``psum``) and comes back once.
+        """
+        if self.inside() or self.mesh is None:
+            return fn(*args)
+        leaves, tree = jax.tree.flatten(args)
+        is_array = [isinstance(v, (jax.Array, np.ndarray)) for v in leaves]
+        arrays = [v for v, a in zip(leaves, is_array) if a]
+
+        def call(*arrs):  # non-array leaves (Python numbers, callables) stay static
+            it = iter(arrs)
+            return fn(*jax.tree.unflatten(tree, [next(it) if a else v for v, a in zip(leaves, is_array)]))
+
+        specs = jax.tree.leaves(element_specs(args, self.axis_name), is_leaf=lambda x: isinstance(x, PartitionSpec))
+        in_specs = tuple(sp for sp, a in zip(specs, is_array) if a)
+        kinds = []
+
+        def probe(*a):  # records the output structure; the dummy outputs are never used
+            out = call(*a)
+            kinds.append(jax.tree.map(jnp.ndim, out))
+            return jax.tree.map(lambda o: jnp.zeros((1,), jnp.float32), out)
+
+        jax.eval_shape(_shard_map(probe, self.mesh, in_specs, PartitionSpec(self.axis_name)), *arrays)
+        out_specs = jax.tree.map(lambda nd: _field_spec(nd, self.axis_name), kinds[0])
+        return _shard_map(call, self.mesh, in_specs, out_specs)(*arrays)
+
+
+def _check_op(op):
+    if op not in ("sum", "max"):
+        raise ValueError(f"op must be 'sum' or 'max', got {op!r}")
+
+
+def _field_spec(ndim: int, axis_name: str) -> PartitionSpec:
+    """An element field ``(..., E, a, b, c)`` is split along ``E``; anything smaller is replicated."""
+    return PartitionSpec(*([None] * (ndim - 4)), axis_name) if ndim >= 4 else PartitionSpec()
+
+
+def element_specs(tree, axis_name: str):
+    """``PartitionSpec``s splitting the element arrays of ``tree`` (a pytree) over ``axis_name``.
+
+    Arrays of ``ndim ≥ 4`` are element fields ``(..., E, a, b, c)``, split along axis
+    ``ndim − 4``; smaller arrays (operator matrices, scalars) are replicated. A dataclass
+    field declared with ``metadata=dict(blocks=True)`` (gather–scatter ids, element
+    indices: one block per device, concatenated) is split along its first axis.
+    """
+    def walk(node, blocks):
+        if node is None:
+            return None
+        if jax.tree_util.treedef_is_leaf(jax.tree.structure(node)):
+            if not isinstance(node, (jax.Array, np.ndarray)):
+                return PartitionSpec()  # numbers, functions: not split (local_map keeps them static)
+            return PartitionSpec(axis_name) if blocks else _field_spec(jnp.ndim(node), axis_name)
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            kids = {f.name: walk(getattr(node, f.name), blocks or f.metadata.get("blocks", False))
+                    for f in dataclasses.fields(node) if not f.metadata.get("static", False)}
+            return dataclasses.replace(node, **kids)
+        if isinstance(node, (tuple, list)) and not hasattr(node, "_fields"):
+            return type(node)(walk(v, blocks) for v in node)
+        if isinstance(node, tuple):  # NamedTuple
+            return type(node)(*(walk(v, blocks) for v in node))
+        if isinstance(node, dict):
+            return {k: walk(v, blocks) for k, v in node.items()}
+        raise TypeError(f"element_specs: unsupported pytree node {type(node).__name__}")
+
+    return walk(tree, False)
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    """``jax.shard_map`` with varying-axes checking off: the solvers return a sharded solution
+    together with replicated (psum'd) info, which the checker rejects."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map as _sm  # pragma: no cover
+
+    return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)  # pragma: no cover
 
 
 @functools.lru_cache(maxsize=1)
@@ -220,8 +403,8 @@ def get_comm() -> Comm:
 
 
 def _check_comm(comm) -> None:
-    if not isinstance(comm, (Comm, ShardComm)):
-        raise TypeError(f"comm must be a jaxsem.comm.Comm (see get_comm()), got {type(comm).__name__}")
+    if not isinstance(comm, Transport):
+        raise TypeError(f"comm must be a jaxsem transport (Comm, ShardComm; see get_comm()), got {type(comm).__name__}")
 
 
 def _rank_arg(name: str, value, comm: Comm) -> int:
@@ -251,20 +434,12 @@ def allreduce_sum(x, comm: Comm):
         Array of shape ``S`` and the dtype of ``x``: ``sum over ranks r of x_r``.
         On one rank, ``x`` itself.
     """
-    return _allreduce(x, comm, "SUM")
+    return _allreduce(x, comm, "sum")
 
 
 def _allreduce(x, comm, op: str):
-    """All-reduce with ``op`` in {"SUM", "MAX"}: psum/pmax on a ShardComm, mpi4jax on MPI."""
     _check_comm(comm)
-    if isinstance(comm, ShardComm):
-        return (jax.lax.psum if op == "SUM" else jax.lax.pmax)(x, comm.axis_name)
-    if comm.size == 1:
-        return x
-    import mpi4jax
-    from mpi4py import MPI
-
-    return mpi4jax.allreduce(jnp.asarray(x), op=getattr(MPI, op), comm=_mpi_world())
+    return comm.allreduce(x, op)
 
 
 @functools.lru_cache(maxsize=1)
@@ -298,7 +473,7 @@ def _mpi4jax():
 
 def allreduce_max(x, comm: Comm):
     """Elementwise maximum of ``x`` over all ranks (not differentiable); identity on one rank."""
-    return _allreduce(x, comm, "MAX")
+    return _allreduce(x, comm, "max")
 
 
 def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
@@ -325,8 +500,8 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
         itself, which must then have shape ``S_recv`` (cast to ``D``).
     """
     _check_comm(comm)
-    if isinstance(comm, ShardComm):
-        raise TypeError("sendrecv needs an MPI Comm; with ShardComm exchange with lax.ppermute")
+    if not isinstance(comm, Comm):
+        raise TypeError("sendrecv needs an MPI Comm; a ShardComm exchanges with lax.ppermute")
     source, dest = _rank_arg("source", source, comm), _rank_arg("dest", dest, comm)
     if not isinstance(recvbuf_template, jax.ShapeDtypeStruct):
         recvbuf_template = jnp.asarray(recvbuf_template)

@@ -408,7 +408,7 @@ def _power_fn(apply, inner, iterations):
 
 
 def spectral_radius(apply: Callable, like, args=None, inner: Callable | None = None,
-                    iterations: int = 60, seed: int = 0) -> float:
+                    iterations: int = 60, seed: int = 0, start=None) -> float:
     """Power-iteration estimate of the spectral radius of a linear map.
 
     Args:
@@ -421,9 +421,11 @@ def spectral_radius(apply: Callable, like, args=None, inner: Callable | None = N
         energy inner product for operators skew in it.
       iterations: power iterations. The estimate approaches ρ from below; the
         callers' limits keep a margin (see :func:`jaxsem.models.maxwell.stable_dt`).
+      start: the start vector (default: a seed-``seed`` normal draw shaped like ``like``).
     """
     # NumPy's generator: jax.random would compile threefry (seconds on a CPU) for one draw.
-    v = jnp.asarray(np.random.default_rng(seed).standard_normal(tuple(like.shape)), like.dtype)
+    v = np.random.default_rng(seed).standard_normal(tuple(like.shape)) if start is None else start
+    v = jnp.asarray(v, like.dtype)
     go = _power_fn(apply, _dot if inner is None else inner, int(iterations))
     return float(go(v, args))
 
@@ -572,9 +574,9 @@ def run(
       progress: show a tqdm progress bar on stderr.
       checkpoint_path: write ``(y, t, step)`` there after every chunk (atomic).
       resume: path of a checkpoint to continue from (same dt, t0, method).
-      comm: a distributed run's communicator (:mod:`jaxsem.comm`): the NaN/Inf
-        test is then global (every rank stops, and replays, together) and each
-        rank writes/reads its own checkpoint file ``PATH.rank{r}-of-{P}``.
+      comm: the discretization's transport (:mod:`jaxsem.parallel.comm`): the NaN/Inf
+        test is then global (every rank stops, and replays, together) and, under
+        MPI, each rank writes/reads its own checkpoint file ``PATH.rank{r}-of-{P}``.
 
     Raises :class:`NonFiniteError` with the first bad step if a NaN/Inf appears
     (the chunk is replayed step by step from its finite start to find it).
@@ -594,18 +596,15 @@ def run(
     if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, (int, np.integer)) or chunk_steps < 1:
         raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
 
-    distributed = comm is not None and comm.size > 1
-    if distributed:
-        suffix = f".rank{comm.rank}-of-{comm.size}"
+    suffix = "" if comm is None else comm.file_suffix
+    if suffix:
         checkpoint_path = None if checkpoint_path is None else f"{checkpoint_path}{suffix}"
         resume = None if resume is None else f"{resume}{suffix}"
 
     def finite(y):
         ok = _all_finite(y)
-        if distributed:
-            from ..parallel.comm import allreduce_sum
-
-            ok = allreduce_sum(jnp.where(ok, 0, 1), comm) == 0
+        if comm is not None:
+            ok = comm.allreduce(jnp.where(ok, 0, 1)) == 0
         return bool(ok)
 
     y, m, resumed = y0, 0, None
