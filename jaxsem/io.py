@@ -4,15 +4,23 @@ Each element's GLL nodes become points of their own (shared nodes are repeated,
 so discontinuous DG fields are written exactly) and its (n−1)³ node cells become
 linear hexahedra — the simplest ParaView-compatible picture of a high-order
 field. Checkpoints live in :mod:`jaxsem.timestepping` (``save_checkpoint``).
+
+Output paths are checked up front (:func:`check_writable`: call it before a long
+run, so that a bad path fails before the results exist), and files are written
+atomically: to a temporary file in the same folder, then renamed into place; the
+temporary file is removed whatever happens (an error, Ctrl-C), so a reader never
+sees half a file and no ``*.tmp.vtu`` is left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 
 import numpy as np
 
-__all__ = ["write_vtu", "rank_path", "vtu_cells", "vtu_points"]
+__all__ = ["write_vtu", "check_writable", "rank_path", "vtu_cells", "vtu_points"]
 
 
 def _coords(mesh_or_x) -> np.ndarray:
@@ -49,21 +57,58 @@ def rank_path(path: str, comm) -> str:
     return f"{path[:-4] if path.endswith('.vtu') else path}.rank{comm.rank}.vtu"
 
 
+def check_writable(path) -> str:
+    """Refuse an output path that cannot be written, before any work: returns ``os.fspath(path)``.
+
+    Raises ``ValueError`` naming the path for an empty path, a directory, a folder
+    that does not exist (or is not a folder), and a folder this process cannot
+    create files in (tested by creating and removing a probe file there, the one
+    test that sees permissions, ACLs and read-only file systems alike).
+    """
+    p = os.fspath(path)
+    if not isinstance(p, str) or not p:
+        raise ValueError(f"output path must be a non-empty file name, got {path!r}")
+    if os.path.isdir(p):
+        raise ValueError(f"output path {p!r} is a directory; give a file name in it, e.g. "
+                         f"{os.path.join(p, 'result.vtu')!r}")
+    folder = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(folder):
+        raise ValueError(f"output path {p!r}: folder {folder!r} does not exist or is not a folder")
+    probe = _temp_name(p)
+    try:
+        with open(probe, "xb"):
+            pass
+    except OSError as err:
+        raise ValueError(f"output path {p!r}: cannot create files in {folder!r} ({err.strerror or err})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return p
+
+
+def _temp_name(path: str) -> str:
+    """A fresh name beside ``path`` (same folder, so the final rename is atomic); unique per process."""
+    folder, base = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{base}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.vtu")
+
+
 def write_vtu(path, mesh_or_x, **fields) -> str:
     """Write node fields on a mesh's GLL nodes to a ``.vtu`` file; returns the path.
 
     Args:
-      path: output file name (``.vtu``).
+      path: output file name (``.vtu``); checked by :func:`check_writable` first.
       mesh_or_x: a :class:`jaxsem.mesh.Mesh`, :class:`jaxsem.dg.DG`,
         :class:`jaxsem.discretization.SEM` (anything with ``.x``) or the
         coordinates ``(3, E, n, n, n)``.
       fields: name = array of shape ``(E, n, n, n)`` (scalar) or
         ``(c, E, n, n, n)`` (c components, e.g. ``E=q[:3]``); NumPy or JAX.
 
-    The file is written to a temporary name and moved into place.
+    The file is written to a temporary name in the same folder and renamed into
+    place (atomic); the temporary file is removed on any failure or interrupt.
     """
     import meshio
 
+    path = check_writable(path)
     x = _coords(mesh_or_x)
     E, n = x.shape[1], x.shape[2]
     point_data = {}
@@ -77,8 +122,11 @@ def write_vtu(path, mesh_or_x, **fields) -> str:
             raise ValueError(f"field {name!r} must have shape (E, n, n, n) = {(E, n, n, n)} or "
                              f"(c, E, n, n, n), got {a.shape}")
     mesh = meshio.Mesh(vtu_points(x), [("hexahedron", vtu_cells(E, n))], point_data=point_data)
-    path = os.fspath(path)
-    tmp = path + ".tmp.vtu"
-    meshio.write(tmp, mesh, file_format="vtu")
-    os.replace(tmp, path)
+    tmp = _temp_name(path)
+    try:
+        meshio.write(tmp, mesh, file_format="vtu")
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # gone after the rename; removes a partial file otherwise
     return path

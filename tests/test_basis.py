@@ -75,3 +75,17 @@ def test_bad_order_raises_naming_argument(bad):
 def test_non_integer_order_raises():
     with pytest.raises(TypeError, match="order"):
         basis.gll_points(2.5)
+
+
+@pytest.mark.parametrize("q", [23, 24, 32, 48, basis.MAX_GAUSS_POINTS])
+def test_long_gauss_rules_exact(q):
+    """The error norms of orders 19 and 20 use q = N + 4 = 23, 24 Gauss points: exact moments."""
+    x, w = basis.gauss_points(q)
+    for k in (0, 2, 10, 2 * q - 2):
+        exact = 2.0 / (k + 1)
+        assert abs(np.dot(w, x**k) - exact) < 2e-15 * max(1.0, exact)
+
+
+def test_gauss_points_beyond_max_raises():
+    with pytest.raises(ValueError, match="q"):
+        basis.gauss_points(basis.MAX_GAUSS_POINTS + 1)

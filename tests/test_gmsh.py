@@ -1,6 +1,8 @@
 """Gmsh import: corner orders, hex27 node order, rotated elements, errors."""
 
 import itertools
+import sys
+import warnings
 
 import meshio
 import numpy as np
@@ -298,3 +300,139 @@ def test_mixed_hex8_hex27_raises(tmp_path):
     meshio.write(mixed, _msh(pts, [("hexahedron27", h27), ("hexahedron", h27[:, :8])]), file_format="gmsh22")
     with pytest.raises(ValueError, match="mixed"):
         read_gmsh(mixed, order=2)
+
+
+# ---------------------------------------------------------------- bad files
+
+
+def _good_file(tmp_path, fmt="gmsh22", binary=False, ne=(2, 1, 1)):
+    box = box_mesh(ne, order=1)
+    path = tmp_path / f"good_{fmt}_{int(binary)}.msh"
+    meshio.write(str(path), _msh(box.vertices, [("hexahedron", box.cells[:, LEX_TO_VTK8])]),
+                 file_format=fmt, binary=binary)
+    return path, box
+
+
+def _edited(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_text_and_garbage_files_are_value_errors_naming_the_file(tmp_path, monkeypatch):
+    """meshio calls sys.exit(1) on a text file, which ended the caller's Python: now a ValueError."""
+    text = _edited(tmp_path, "notes.msh", "hello world\nthis is not a mesh\n")
+    with pytest.raises(ValueError, match=r"notes\.msh: not a readable Gmsh .msh mesh.*\$MeshFormat"):
+        read_gmsh(text, order=2)
+    garbage = tmp_path / "garbage.msh"
+    garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    with pytest.raises(ValueError, match=r"garbage\.msh: not a readable"):
+        read_gmsh(garbage, order=2)
+    empty = _edited(tmp_path, "empty.msh", "")
+    with pytest.raises(ValueError, match=r"empty\.msh: the file is empty"):
+        read_gmsh(empty, order=2)
+    with pytest.raises(FileNotFoundError, match=r"missing\.msh"):
+        read_gmsh(tmp_path / "missing.msh", order=2)
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        read_gmsh(tmp_path, order=2)
+    # whatever meshio does on a file it cannot parse (here: its sys.exit), the caller gets a ValueError
+    good, _ = _good_file(tmp_path)
+    monkeypatch.setattr(meshio, "read", lambda *a, **k: sys.exit(1))
+    with pytest.raises(ValueError, match=r"good_gmsh22_0\.msh: not a readable"):
+        read_gmsh(good, order=2)
+
+
+@pytest.mark.parametrize("fmt, binary", [("gmsh22", False), ("gmsh22", True), ("gmsh", False), ("gmsh", True)])
+@pytest.mark.parametrize("keep", [0.3, 0.7])
+def test_truncated_files_name_the_file(tmp_path, fmt, binary, keep):
+    good, _ = _good_file(tmp_path, fmt, binary)
+    data = good.read_bytes()
+    cut = tmp_path / "cut.msh"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError, match=r"cut\.msh: .*(truncated|malformed)"):
+        read_gmsh(cut, order=2)
+
+
+ELEMENT_1 = "1 5 2 1 1 1 2 5 4 7 8 11 10"  # element 1 of the (2, 1, 1) box as meshio writes it (gmsh 2.2)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("99", r"element 1 uses node id 99, which \$Nodes does not define"),
+    ("0", "element 1 uses node id 0"),      # meshio wrapped it silently to the last node
+    ("-3", "element 1 uses node id -3"),
+])
+def test_bad_node_ids_are_named(tmp_path, bad, match):
+    good, _ = _good_file(tmp_path)
+    text = good.read_text()
+    assert ELEMENT_1 in text
+    path = _edited(tmp_path, "badid.msh", text.replace(ELEMENT_1, ELEMENT_1[:-2] + bad))
+    with pytest.raises(ValueError, match=r"badid\.msh: " + match):
+        read_gmsh(path, order=2)
+
+
+def test_bad_node_ids_v41_and_redefined_ids(tmp_path):
+    good, _ = _good_file(tmp_path, "gmsh")
+    text = good.read_text()
+    assert "\n1 1 2 5 4 7 8 11 10\n" in text
+    path = _edited(tmp_path, "badid41.msh", text.replace("\n1 1 2 5 4 7 8 11 10\n", "\n1 1 2 5 4 7 8 11 0\n"))
+    with pytest.raises(ValueError, match=r"badid41\.msh: element 1 uses node id 0"):
+        read_gmsh(path, order=2)
+    # node 5 defined twice (meshio silently kept the second definition)
+    good22, _ = _good_file(tmp_path)
+    text = good22.read_text().replace("$Nodes\n12\n", "$Nodes\n13\n").replace("$EndNodes", "5 9.0 9.0 9.0\n$EndNodes")
+    with pytest.raises(ValueError, match=r"dup\.msh: node id 5 is defined more than once"):
+        read_gmsh(_edited(tmp_path, "dup.msh", text), order=2)
+    # announced and listed counts differ
+    text = good22.read_text().replace("$Nodes\n12\n", "$Nodes\n14\n")
+    with pytest.raises(ValueError, match=r"count\.msh: .*announces 14 nodes and lists 12"):
+        read_gmsh(_edited(tmp_path, "count.msh", text), order=2)
+
+
+def test_non_finite_coordinates_and_repeated_corners(tmp_path):
+    good, _ = _good_file(tmp_path)
+    text = good.read_text()
+    line2 = next(r for r in text.splitlines() if r.startswith("2 "))
+    nan = _edited(tmp_path, "nan.msh", text.replace(line2, "2 nan " + line2.split(None, 2)[2]))
+    with pytest.raises(ValueError, match=r"nan\.msh: node 2 has non-finite coordinates"):
+        read_gmsh(nan, order=2)
+    rep = _edited(tmp_path, "rep.msh", text.replace(ELEMENT_1, "1 5 2 1 1 1 1 5 4 7 8 11 10"))
+    with pytest.raises(ValueError, match=r"rep\.msh: hexahedron number 1 \(in file order\) repeats a corner node"):
+        read_gmsh(rep, order=2)
+
+
+def _duplicated_node_file(tmp_path, offset=0.0):
+    """The (2, 1, 1) box with its shared face's 4 nodes duplicated (ids 13–16) for element 2."""
+    good, box = _good_file(tmp_path)
+    text = good.read_text()
+    pts = box.vertices
+    shared = [2, 5, 8, 11]  # file ids of the x = 0.5 face
+    extra = "".join(f"{13 + k} {float(pts[i - 1][0]) + offset!r} {float(pts[i - 1][1])!r} {float(pts[i - 1][2])!r}\n"
+                    for k, i in enumerate(shared))
+    text = text.replace("$Nodes\n12\n", "$Nodes\n16\n").replace("$EndNodes", extra + "$EndNodes")
+    e2 = next(r for r in text.splitlines() if r.startswith("2 5 2 "))
+    head, nodes = e2.split()[:5], e2.split()[5:]
+    nodes = [str(13 + shared.index(int(v))) if int(v) in shared else v for v in nodes]
+    path = _edited(tmp_path, "dupnodes.msh", text.replace(e2, " ".join(head + nodes)))
+    return path, box
+
+
+def test_coincident_duplicate_nodes_are_merged(tmp_path):
+    """Two node ids at one point made two disconnected elements (an internal Dirichlet wall):
+    they are merged (with a warning naming them), so the mesh numbers like the box."""
+    path, box = _duplicated_node_file(tmp_path, offset=1e-14)
+    with pytest.warns(UserWarning, match=r"dupnodes\.msh: merged 4 corner node\(s\).*13→2"):
+        mesh = read_gmsh(path, order=3)
+    assert len(mesh.vertices) == 12
+    assert number_nodes(mesh).num_global == number_nodes(box_mesh((2, 1, 1), order=3)).num_global == 7 * 4 * 4
+    assert np.max(np.abs(mesh.x - box_mesh((2, 1, 1), order=3).x)) <= 1e-13
+    with pytest.raises(ValueError,
+                       match=r"dupnodes\.msh: 4 pair\(s\) of corner nodes coincide, e\.g\. node ids \d+ and \d+"):
+        read_gmsh(path, order=3, merge_tol=None)
+    with pytest.raises(ValueError, match="merge_tol"):
+        read_gmsh(path, order=3, merge_tol=-1.0)
+    # nodes a visible distance apart are distinct nodes (here: a gap, two separate elements)
+    path, _ = _duplicated_node_file(tmp_path, offset=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mesh = read_gmsh(path, order=3)
+    assert len(mesh.vertices) == 16 and number_nodes(mesh).num_global == 2 * 4**3

@@ -1,5 +1,7 @@
 """VTU output round-trips through meshio."""
 
+import os
+
 import meshio
 import numpy as np
 import pytest
@@ -42,3 +44,68 @@ def test_rank_path():
     assert io.rank_path("out/u.vtu", Comm()) == "out/u.vtu"
     assert io.rank_path("out/u.vtu", Comm(rank=1, size=2)) == "out/u.rank1.vtu"
     assert io.rank_path("out/u", Comm(rank=3, size=4)) == "out/u.rank3.vtu"
+
+
+def test_check_writable_refuses_bad_paths_up_front(tmp_path):
+    """A directory, a missing folder, a file used as a folder, an empty name: refused with the
+    path named, before any work (the CLI calls this before the run); a good path is returned."""
+    good = tmp_path / "out.vtu"
+    assert io.check_writable(good) == str(good)
+    assert sorted(os.listdir(tmp_path)) == []  # the probe file is gone
+    with pytest.raises(ValueError, match=r"is a directory.*result\.vtu"):
+        io.check_writable(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        io.check_writable(tmp_path / "no" / "such" / "u.vtu")
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(ValueError, match="plain.*not a folder"):
+        io.check_writable(tmp_path / "plain" / "u.vtu")
+    with pytest.raises(ValueError, match="non-empty"):
+        io.check_writable("")
+    # and write_vtu refuses the same paths before writing anything
+    mesh = box_mesh((1, 1, 1), 2)
+    with pytest.raises(ValueError, match="is a directory"):
+        io.write_vtu(tmp_path, mesh, u=np.zeros((1, 3, 3, 3)))
+    assert sorted(os.listdir(tmp_path)) == ["plain"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_check_writable_refuses_a_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="cannot create files"):
+            io.check_writable(ro / "u.vtu")
+    finally:
+        ro.chmod(0o700)
+
+
+def test_check_writable_refuses_a_read_only_file_system():
+    """/proc refuses new files even to root."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    with pytest.raises(ValueError, match="cannot create files"):
+        io.check_writable("/proc/self/u.vtu")
+
+
+def test_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Ctrl-C (or an error) during the write: the previous file is intact, no *.tmp.vtu remains."""
+    mesh = box_mesh((1, 1, 1), 2)
+    path = tmp_path / "f.vtu"
+    io.write_vtu(path, mesh, u=np.ones((1, 3, 3, 3)))
+    before = path.read_bytes()
+
+    def partial_write(name, *args, **kwargs):
+        with open(name, "w") as f:
+            f.write("<VTKFile half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(meshio, "write", partial_write)
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            io.write_vtu(path, mesh, u=np.zeros((1, 3, 3, 3)))
+    monkeypatch.setattr(meshio, "write", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError, match="No space"):
+        io.write_vtu(path, mesh, u=np.zeros((1, 3, 3, 3)))
+    assert os.listdir(tmp_path) == ["f.vtu"]
+    assert path.read_bytes() == before

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -55,3 +57,37 @@ def test_periodic_face_pairs():
 def test_bad_arguments_name_themselves(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         box_mesh(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda m: dict(x=m.x[:, :1]),
+         r"x must have shape \(3, E, n, n, n\) = \(3, 2, 4, 4, 4\).*got \(3, 1, 4, 4, 4\)"),
+        (lambda m: dict(x=m.x[:2]), r"x must have shape .*got \(2, 2, 4, 4, 4\)"),
+        (lambda m: dict(x=m.x.reshape(3, 2, -1)), r"x must have shape .*got \(3, 2, 64\)"),
+        (lambda m: dict(order=2), r"x must have shape \(3, E, n, n, n\) = \(3, 2, 3, 3, 3\)"),
+        (lambda m: dict(x=np.where(m.x > 0.9, np.nan, m.x)), r"x has \d+ non-finite"),
+        (lambda m: dict(cells=m.cells[:, :4]), r"cells must have shape \(E, 8\).*got \(2, 4\)"),
+        (lambda m: dict(cells=m.cells[:0]), r"cells must have shape \(E, 8\) with E >= 1"),
+        (lambda m: dict(cells=m.cells + 100), r"cells must hold vertex ids in \[0, 12\)"),
+        (lambda m: dict(cells=m.cells.astype(float)), r"cells must be an integer array"),
+        (lambda m: dict(vertices=m.vertices[:, :2]), r"vertices must have shape \(V, 3\).*got \(12, 2\)"),
+        (lambda m: dict(periodic_faces=np.zeros((1, 3), np.int64)), r"periodic_faces must have shape \(P, 4\)"),
+        (lambda m: dict(periodic_faces=np.array([[0, 7, 1, 0]])), r"periodic_faces rows"),
+        (lambda m: dict(elements=(3, 1, 1)), r"elements must be 3 counts whose product is E = 2"),
+        (lambda m: dict(order=0), "order"),
+    ],
+)
+def test_mesh_checks_its_arrays_and_names_them(change, match):
+    """Mesh(...) refuses arrays of the wrong shape (before: accepted, failing later somewhere else)."""
+    m = box_mesh((2, 1, 1), order=3)
+    with pytest.raises((ValueError, TypeError), match=match):
+        dataclasses.replace(m, **change(m))
+
+
+def test_mesh_keeps_good_arrays_as_float64_and_int64():
+    m = box_mesh((2, 1, 1), order=2)
+    m2 = dataclasses.replace(m, x=m.x.astype(np.float32), cells=m.cells.astype(np.int32))
+    assert m2.x.dtype == np.float64 and m2.cells.dtype == np.int64
+    assert m.x is dataclasses.replace(m).x  # no copy when already right

@@ -7,7 +7,8 @@ from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.solvers import pcg
-from jaxsem.solvers.pcg import weighted_dots
+from jaxsem.solvers.pcg import linear_solve, min_tol
+from jaxsem.core.reduce import weighted_dots
 
 
 def _spd(n, seed=0):
@@ -43,6 +44,146 @@ def test_non_convergence_is_reported():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         pcg(lambda v: v, jnp.ones(3), dot=jnp.vdot, **kwargs)
+
+
+@pytest.mark.parametrize("tol, dtype", [
+    (1.0, jnp.float64), (2.0, jnp.float64), (np.nan, jnp.float64), (np.inf, jnp.float64), (-1e-8, jnp.float64),
+    (1e-30, jnp.float64), (1e-15, jnp.float64), (1e-7, jnp.float32), (True, jnp.float64), ("1e-8", jnp.float64),
+])
+def test_bad_tolerance_is_named_before_tracing(tol, dtype):
+    """tol ≥ 1 (x = 0 "converges"), non-finite, negative, or below 10·eps of the dtype: refused with
+    the value and the allowed range, before the operator is ever traced or applied."""
+    calls = []
+    A = lambda v: (calls.append(1), v)[1]
+    b = jnp.ones(3, dtype)
+    with pytest.raises(ValueError, match=r"tol must be 0 .*or in \[.*, 1\).*got|tol must be a number") as e:
+        pcg(A, b, dot=jnp.vdot, tol=tol)
+    assert repr(tol) in str(e.value) or str(tol) in str(e.value)
+    with pytest.raises(ValueError, match="tol"):
+        jax.jit(lambda b: pcg(A, b, dot=jnp.vdot, tol=tol))(b)
+    with pytest.raises(ValueError, match="tol"):
+        linear_solve(A, b, dot=jnp.vdot, project=lambda u: u, weight=jnp.ones(3, dtype), tol=tol)
+    assert calls == []
+
+
+def test_tolerance_range_follows_the_dtype():
+    assert min_tol(jnp.float64) == pytest.approx(10 * np.finfo(np.float64).eps)
+    assert min_tol(jnp.float32) == pytest.approx(10 * np.finfo(np.float32).eps)
+    A, b = _spd(20, 4)
+    for dt in (jnp.float32, jnp.float64):
+        x, info = pcg(lambda v: jnp.asarray(A, dt) @ v, jnp.asarray(b, dt), dot=jnp.vdot, tol=min_tol(dt), maxiter=3)
+        assert x.dtype == dt and int(info.iterations) == 3  # the bound itself is accepted
+    with pytest.raises(ValueError, match=r"float32.*got 1e-06"):
+        pcg(lambda v: v, jnp.ones(3, jnp.float32), dot=jnp.vdot, tol=1e-6)
+
+
+def _ill_conditioned32(kappa=1e4, n=60):
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = Q @ np.diag(np.logspace(0, np.log10(kappa), n)) @ Q.T
+    return A, rng.standard_normal(n)
+
+
+def test_converged_is_decided_on_the_true_residual():
+    """float32, κ = 1e4: the recurrence reaches 1e-5 while b − A x stalls near 1e-4 (the issue's
+    "converged" with a true residual above tol). Reported as not converged, with the true value."""
+    A, b = _ill_conditioned32()
+    A32, tol = jnp.asarray(A, jnp.float32), 1e-5
+    solve = jax.jit(lambda b: pcg(lambda v: A32 @ v, b, dot=jnp.vdot, tol=tol, maxiter=500))
+    x, info = solve(jnp.asarray(b, jnp.float32))
+    true = np.linalg.norm(b - A @ np.asarray(x, np.float64)) / np.linalg.norm(b)
+    assert float(info.residual) <= tol * float(info.residual0)  # the recurrence says "converged"
+    assert true > 3 * tol and not bool(info.converged) and not bool(info.breakdown)
+    assert float(info.true_relative_residual) == pytest.approx(true, rel=0.1)
+    assert int(info.iterations) < 500  # the restarts stop once they no longer lower b − A x
+    # the history is the recurrence's, as before
+    h = np.asarray(info.history)
+    assert h[int(info.iterations)] == pytest.approx(float(info.residual))
+
+
+def _lying_dots(method, factor=1e-4):
+    """``dots`` whose (r, r) is ``factor`` too small: the recurrence test passes too early."""
+    def dots(pairs):
+        vals = [jnp.vdot(u, v) for u, v in pairs]
+        vals[-1] = factor * vals[-1]
+        return jnp.stack(vals)
+    return dots
+
+
+@pytest.mark.parametrize("method", ["classic", "single-reduction"])
+def test_restart_from_the_true_residual_reaches_tol(method):
+    """When the recurrence meets tol and b − A x does not, CG restarts from the true residual
+    until it does: converged then holds for the returned x; capped, it is reported as not."""
+    A, b = _spd(40, 5)
+    tol = 1e-10
+    run = lambda maxiter: pcg(lambda v: A @ v, jnp.asarray(b), dot=jnp.vdot, dots=_lying_dots(method),
+                              precond=lambda r: r / np.diag(A), tol=tol, maxiter=maxiter, method=method)
+    x, info = jax.jit(lambda: run(200))()
+    true = np.linalg.norm(b - A @ np.asarray(x)) / np.linalg.norm(b)
+    assert bool(info.converged) and true <= tol and float(info.true_relative_residual) <= tol
+    np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-7)
+    # too few iterations for the restarts: the recurrence met tol, the true residual did not
+    x, info = jax.jit(lambda: run(12))()
+    true = np.linalg.norm(b - A @ np.asarray(x)) / np.linalg.norm(b)
+    assert not bool(info.converged) and true > tol
+    assert float(info.true_relative_residual) == pytest.approx(true, rel=1e-6)
+
+
+def test_fixed_iteration_mode_reports_the_true_residual():
+    A, b = _spd(40, 1)
+    for method in ("classic", "single-reduction"):
+        solve = jax.jit(lambda b: pcg(lambda v: A @ v, b, dot=jnp.vdot, tol=0.0, maxiter=7, method=method))
+        x, info = solve(jnp.asarray(b))
+        true = np.linalg.norm(b - A @ np.asarray(x)) / np.linalg.norm(b)
+        assert int(info.iterations) == 7 and not bool(info.converged)
+        assert float(info.true_relative_residual) == pytest.approx(true, rel=1e-10)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_inputs_are_named_when_concrete(bad):
+    A, b = _spd(10, 6)
+    bb = b.copy()
+    bb[3] = bad
+    with pytest.raises(ValueError, match=r"b \(right-hand side\) has 1 non-finite value"):
+        pcg(lambda v: A @ v, jnp.asarray(bb), dot=jnp.vdot)
+    with pytest.raises(ValueError, match=r"x0 \(initial guess\) has 1 non-finite value"):
+        pcg(lambda v: A @ v, jnp.asarray(b), dot=jnp.vdot, x0=jnp.asarray(bb))
+    with pytest.raises(ValueError, match=r"b \(right-hand side\)"):
+        linear_solve(lambda v: A @ v, jnp.asarray(bb), dot=jnp.vdot, project=lambda u: u, weight=jnp.ones(10))
+
+
+def test_non_finite_inputs_are_flagged_when_traced():
+    """Under jit NaN/Inf cannot raise: info.breakdown is set, converged is False and x is all NaN
+    (before: u = 0 with only converged=False); one bad member of a batch leaves the others alone."""
+    A, b = _spd(10, 6)
+    bad = b.copy()
+    bad[3] = np.nan
+    solve = jax.jit(lambda b, x0: pcg(lambda v: A @ v, b, dot=jnp.vdot, x0=x0, tol=1e-12, maxiter=50))
+    for rhs, x0 in ((bad, np.zeros(10)), (b, np.where(np.arange(10) == 2, np.inf, 0.0))):
+        x, info = solve(jnp.asarray(rhs), jnp.asarray(x0))
+        assert bool(info.breakdown) and not bool(info.converged)
+        assert np.isnan(np.asarray(x)).all()
+    # an operator that produces NaN (e.g. a NaN coefficient)
+    x, info = jax.jit(lambda b: pcg(lambda v: A @ v * jnp.nan, b, dot=jnp.vdot))(jnp.asarray(b))
+    assert bool(info.breakdown) and not bool(info.converged) and np.isnan(np.asarray(x)).all()
+    # vmap: per member
+    batch = jax.vmap(lambda b: pcg(lambda v: A @ v, b, dot=jnp.vdot, tol=1e-12, maxiter=50))
+    xs, infos = batch(jnp.asarray(np.stack([b, bad])))
+    assert np.asarray(infos.breakdown).tolist() == [False, True]
+    assert np.asarray(infos.converged).tolist() == [True, False]
+    np.testing.assert_allclose(xs[0], np.linalg.solve(A, b), rtol=1e-10)
+    # a good solve: no breakdown, true and recurrence residuals agree
+    x, info = solve(jnp.asarray(b), jnp.zeros(10))
+    assert not bool(info.breakdown) and bool(info.converged)
+    assert float(info.true_relative_residual) <= 1e-12
+
+
+def test_poisson_solve_names_a_non_finite_source(small_problem):
+    sem, f, h1, h2, _, _ = small_problem
+    with pytest.raises(ValueError, match=r"b \(right-hand side\)"):
+        poisson.solve(sem, f.at[0, 0, 0, 0].set(jnp.nan), h1, h2)
+    u, info = jax.jit(lambda f: poisson.solve(sem, f, h1, h2, tol=1e-10))(f.at[0, 0, 0, 0].set(jnp.nan))
+    assert bool(info.breakdown) and not bool(info.converged) and bool(jnp.isnan(u).all())
 
 
 @pytest.fixture(scope="module")

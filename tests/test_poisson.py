@@ -119,3 +119,14 @@ def test_backend_auto_matches_einsum(bp):
     if not on_gpu:
         with pytest.raises(ValueError, match="backend 'cuda'"):
             poisson.bp_discretize(mesh, bp, backend="cuda")
+
+
+@pytest.mark.parametrize("order", [19, 20])
+def test_error_norms_at_the_highest_orders(order):
+    """relative_errors at orders 19 and 20 (its Gauss rule has N + 4 points): the GLL interpolant
+    of the exact solution is within interpolation error of it."""
+    ms = poisson.manufactured(5)
+    sem = poisson.bp_discretize(box_mesh((1, 1, 1), order, deform=0.1), 5)
+    u = sem.mask * sem.interpolate(ms.u)
+    l2, linf = poisson.relative_errors(sem, u, ms.u)
+    assert l2 < 1e-9 and linf < 1e-12

@@ -102,7 +102,7 @@ def _build_parser() -> _Parser:
     s.add_argument("--bp", type=int, default=DEFAULTS["bp"],
                    help="bake-off problem 1..6 (operator, quadrature, BCs, components; default 5)")
     s.add_argument("--tol", type=float, default=None,
-                   help="relative residual tolerance, 0 < tol < 1 (default 1e-10; 1e-5 for float32)")
+                   help="relative residual tolerance, 10 eps <= tol < 1 (default 1e-10; 1e-5 for float32)")
     s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
                    help="PCG iteration cap, >= 1 (default 1000)")
     s.add_argument("--backend", choices=BACKENDS, default=None,
@@ -205,8 +205,13 @@ def _validate(parser: _Parser, args) -> None:
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
                      f"got {args.cfl}")
         if args.problem in ("advection", "maxwell"):
-            if args.vtu and not os.path.isdir(os.path.dirname(os.path.abspath(args.vtu))):
-                fail(f"argument --vtu: directory of {args.vtu!r} does not exist")
+            if args.vtu:
+                from ..io import check_writable
+
+                try:
+                    check_writable(args.vtu)
+                except ValueError as e:
+                    fail(f"argument --vtu: {e}")
         if args.problem == "advection":
             if not all(math.isfinite(c) for c in args.velocity) or not any(args.velocity):
                 fail(f"argument --velocity: must be 3 finite numbers, not all 0, "
@@ -218,8 +223,11 @@ def _validate(parser: _Parser, args) -> None:
             fail(f"argument --bp: must be one of 1..6, got {args.bp}")
         if args.tol is None:
             args.tol = DEFAULT_TOL[args.dtype]
-        if not (math.isfinite(args.tol) and 0 < args.tol < 1):
-            fail(f"argument --tol: must satisfy 0 < tol < 1, got {args.tol}")
+        from ..solvers.pcg import min_tol
+
+        lo = min_tol(args.dtype)
+        if not (math.isfinite(args.tol) and lo <= args.tol < 1):
+            fail(f"argument --tol: must satisfy {lo:.3g} <= tol < 1 for {args.dtype} (10 eps), got {args.tol}")
         if args.maxiter < 1:
             fail(f"argument --maxiter: must be an integer >= 1, got {args.maxiter}")
     else:

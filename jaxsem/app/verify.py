@@ -65,14 +65,13 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     l2, linf = poisson.relative_errors(sem, u, m.u)
     its = int(info.iterations)
     points, dofs = count_dofs(spec.components, order, elements)
-    r0 = float(info.residual0)
     return dict(
         problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
         components=spec.components, order=order, elements=list(elements),
         num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
         deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, **_where(sem), iterations=its,
         converged=bool(info.converged),
-        residual=float(info.residual) / r0 if r0 > 0 else float(info.residual),
+        residual=float(info.true_relative_residual),
         error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
         dofs_per_second=dofs * its / seconds if seconds > 0 else None,
     )

@@ -55,6 +55,37 @@ class Mesh:
     periodic: tuple = (False, False, False)
     deform: float = 0.0
 
+    def __post_init__(self):
+        order = basis._check_order(self.order)
+        cells = _int_array(self.cells, "cells")
+        if cells.ndim != 2 or cells.shape[1] != 8 or cells.shape[0] < 1:
+            raise ValueError(f"cells must have shape (E, 8) with E >= 1, got {cells.shape}")
+        E = cells.shape[0]
+        vertices = _real_array(self.vertices, "vertices")
+        if vertices.ndim != 2 or vertices.shape[1] != 3:
+            raise ValueError(f"vertices must have shape (V, 3), got {vertices.shape}")
+        if cells.min() < 0 or cells.max() >= len(vertices):
+            raise ValueError(f"cells must hold vertex ids in [0, {len(vertices)}) (V = len(vertices)), "
+                             f"got ids from {cells.min()} to {cells.max()}")
+        x = _real_array(self.x, "x")
+        n = order + 1
+        if x.shape != (3, E, n, n, n):
+            raise ValueError(f"x must have shape (3, E, n, n, n) = {(3, E, n, n, n)} (E = len(cells), "
+                             f"n = order + 1), got {x.shape}")
+        if not np.isfinite(x).all():
+            raise ValueError(f"x has {int(x.size - np.isfinite(x).sum())} non-finite coordinate(s) (NaN or Inf)")
+        pf = _int_array(self.periodic_faces, "periodic_faces")
+        if pf.ndim != 2 or pf.shape[1] != 4:
+            raise ValueError(f"periodic_faces must have shape (P, 4), got {pf.shape}")
+        if pf.size and (pf[:, [0, 2]].min() < 0 or pf[:, [0, 2]].max() >= E
+                        or pf[:, [1, 3]].min() < 0 or pf[:, [1, 3]].max() > 5):
+            raise ValueError(f"periodic_faces rows must be (element in [0, {E}), face in [0, 6), element, face), "
+                             f"got {pf[:3].tolist()}…")
+        if self.elements is not None and (len(self.elements) != 3 or int(np.prod(self.elements)) != E):
+            raise ValueError(f"elements must be 3 counts whose product is E = {E}, got {self.elements!r}")
+        for name, value in (("cells", cells), ("vertices", vertices), ("x", x), ("periodic_faces", pf)):
+            object.__setattr__(self, name, value)
+
     @property
     def n(self) -> int:
         return self.order + 1
@@ -66,6 +97,20 @@ class Mesh:
     def __repr__(self):
         shape = f"elements={self.elements}, " if self.elements else f"E={self.num_elements}, "
         return f"Mesh({shape}order={self.order}, periodic={self.periodic}, deform={self.deform})"
+
+
+def _int_array(value, name) -> np.ndarray:
+    a = np.asarray(value)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
+    return a.astype(np.int64, copy=False)
+
+
+def _real_array(value, name) -> np.ndarray:
+    a = np.asarray(value)
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise TypeError(f"{name} must be a real array, got dtype {a.dtype}")
+    return a.astype(np.float64, copy=False)
 
 
 def _check_int_triple(value, name, lo=1):

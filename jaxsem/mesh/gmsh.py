@@ -10,20 +10,30 @@ lexicographic conventions of :mod:`jaxsem.mesh`:
 
 Only the corner nodes define the topology (``Mesh.cells``); hex27 mid-nodes only
 shape the geometry, which is interpolated isoparametrically to the GLL nodes.
+
+A file that cannot be a valid mesh is refused with a ``ValueError`` naming it and
+saying what is wrong (meshio's own failures, including the ``sys.exit`` it calls on
+unreadable files, are caught). Corner nodes that coincide are merged, so that a
+file with duplicated nodes does not become a mesh split by an internal wall.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
 from ..core import basis
 from .box import Mesh, element_nodes
 
-__all__ = ["read_gmsh", "SUPPORTED_CELLS"]
+__all__ = ["read_gmsh", "SUPPORTED_CELLS", "MERGE_TOL"]
 
 SUPPORTED_CELLS = ("hexahedron", "hexahedron27")
+
+# Corner nodes closer than this times the mesh's bounding-box diagonal are one node:
+# far above the round-off of coordinates printed with 16 digits, far below any element.
+MERGE_TOL = 1e-10
 
 # Reference coordinates (r, s, t) of meshio's (VTK's) hexahedron27 nodes; the
 # first 8 are also the hexahedron (hex8) corners.
@@ -61,12 +71,17 @@ HEX27_VTK_TO_LEX = _lex_from_vtk(_VTK_HEX27_REF, 3)
 _LOWER_DIM_PREFIXES = ("vertex", "line", "triangle", "quad", "polygon")
 
 
-def read_gmsh(path: str | os.PathLike, order: int) -> Mesh:
+def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = MERGE_TOL) -> Mesh:
     """Read a Gmsh hexahedral mesh (``.msh`` v2 or v4, ASCII or binary) as a :class:`Mesh`.
 
     Args:
       path: the ``.msh`` file.
       order: polynomial order N of the GLL nodes to build, 1 ≤ N ≤ 20.
+      merge_tol: corner nodes closer than ``merge_tol`` times the bounding-box
+        diagonal of the corners are merged into one (with a warning naming them):
+        two node ids at one point would otherwise disconnect the elements that use
+        them; 0 merges exact copies only. ``None``: refuse a file with corner nodes
+        closer than ``MERGE_TOL`` (1e-10) times the diagonal (``ValueError`` with the ids).
 
     The volume cells must all be ``hexahedron`` (hex8, trilinear elements) or all
     ``hexahedron27`` (triquadratic elements); lower-dimensional cells (quads,
@@ -81,13 +96,30 @@ def read_gmsh(path: str | os.PathLike, order: int) -> Mesh:
     and ``periodic_faces`` is empty, so a periodic box must come from
     :func:`jaxsem.mesh.box_mesh`.
 
-    Raises ``ValueError`` for any other 3-D cell type (tetra, wedge, pyramid,
-    hexahedron20, …), for a file without hexahedra, and for hex8 and hex27 mixed.
+    Raises ``FileNotFoundError`` / ``IsADirectoryError`` for a missing path or a
+    folder, and ``ValueError`` naming the file for: an empty, truncated or
+    unparsable file (text that is not a mesh, binary garbage, an unknown format
+    version); node ids that are not positive or are defined twice, and elements
+    that use a node id the file does not define (checked on the node ids of ASCII
+    files; in binary files as far as the parsed connectivity shows); non-finite
+    coordinates; an element that repeats a corner; any other 3-D cell type (tetra,
+    wedge, pyramid, hexahedron20, …), a file without hexahedra, and hex8 and hex27
+    mixed.
     """
     order = basis._check_order(order)
-    import meshio  # optional dependency, only needed here
+    if merge_tol is not None and not (isinstance(merge_tol, (int, float)) and not isinstance(merge_tol, bool)
+                                      and 0 <= merge_tol < 1):
+        raise ValueError(f"merge_tol must be a number in [0, 1) or None, got {merge_tol!r}")
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise FileNotFoundError(f"{name}: no such mesh file")
+    if os.path.isdir(name):
+        raise IsADirectoryError(f"{name}: is a directory, not a .msh file")
+    if os.path.getsize(name) == 0:
+        raise ValueError(f"{name}: the file is empty (expected a Gmsh .msh mesh)")
+    tags = _check_ascii_node_ids(name)  # None for binary files
+    msh = _meshio_read(name)
 
-    msh = meshio.read(os.fspath(path))
     blocks: dict[str, list[np.ndarray]] = {}
     for block in msh.cells:
         blocks.setdefault(block.type, []).append(np.asarray(block.data, dtype=np.int64))
@@ -97,30 +129,49 @@ def read_gmsh(path: str | os.PathLike, order: int) -> Mesh:
     found = sorted(blocks) if blocks else ["no cells"]
     if other:
         raise ValueError(
-            f"{os.fspath(path)}: unsupported cell type(s) {other} (cell types found: {found}); "
+            f"{name}: unsupported cell type(s) {other} (cell types found: {found}); "
             f"read_gmsh supports only hexahedral meshes of {list(SUPPORTED_CELLS)} (hex8 or hex27)"
         )
     if not hex_types:
         raise ValueError(
-            f"{os.fspath(path)}: no hexahedra found (cell types found: {found}); "
+            f"{name}: no hexahedra found (cell types found: {found}); "
             f"read_gmsh supports only hexahedral meshes of {list(SUPPORTED_CELLS)}"
         )
     if len(hex_types) > 1:
         raise ValueError(
-            f"{os.fspath(path)}: mixed hexahedron and hexahedron27 cells are not supported; "
+            f"{name}: mixed hexahedron and hexahedron27 cells are not supported; "
             "use one geometric order for all elements"
         )
     kind = hex_types[0]
     conn = np.concatenate(blocks[kind], axis=0)
-    m, perm = (2, HEX8_VTK_TO_LEX) if kind == "hexahedron" else (3, HEX27_VTK_TO_LEX)
-    conn = conn[:, perm]  # lexicographic on the m×m×m grid, [e, k*m*m + j*m + i]
-
     points = np.asarray(msh.points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3:
-        raise ValueError(f"{os.fspath(path)}: expected 3-D points, got shape {points.shape}")
+        raise ValueError(f"{name}: expected 3-D points, got shape {points.shape}")
+    node_id = (lambda i: int(tags[i])) if tags is not None and len(tags) == len(points) else (lambda i: f"#{i + 1}")
+    # meshio marks an id it could not map as -1 (and wraps other bad ids): the ASCII check
+    # above names those; this catches what a binary file's parse shows
+    bad = (conn < 0) | (conn >= len(points))
+    if bad.any():
+        e = int(np.nonzero(bad.any(axis=1))[0][0])
+        raise ValueError(f"{name}: {kind} number {e + 1} (in file order) uses a node id that $Nodes does not define")
+    used_nodes = np.unique(conn)
+    finite = np.isfinite(points[used_nodes]).all(axis=1)
+    if not finite.all():
+        i = int(used_nodes[~finite][0])
+        raise ValueError(f"{name}: node {node_id(i)} has non-finite coordinates {points[i].tolist()}")
+
+    m, perm = (2, HEX8_VTK_TO_LEX) if kind == "hexahedron" else (3, HEX27_VTK_TO_LEX)
+    conn = conn[:, perm]  # lexicographic on the m×m×m grid, [e, k*m*m + j*m + i]
     s = m - 1  # grid index of the +1 end
     corner_cols = [a * s + m * b * s + m * m * c3 * s for c3 in (0, 1) for b in (0, 1) for a in (0, 1)]
-    corners = conn[:, corner_cols]  # (E, 8) file node ids, lexicographic corners
+    corners = conn[:, corner_cols]  # (E, 8) file node indices, lexicographic corners
+    corners = _merge_coincident(name, corners, points, merge_tol, node_id)
+    srt = np.sort(corners, axis=1)
+    rep = np.any(srt[:, 1:] == srt[:, :-1], axis=1)
+    if rep.any():
+        e = int(np.nonzero(rep)[0][0])
+        raise ValueError(f"{name}: {kind} number {e + 1} (in file order) repeats a corner node "
+                         f"(corner node ids {[node_id(int(i)) for i in corners[e]]})")
     used, cells = np.unique(corners, return_inverse=True)
     cells = cells.reshape(corners.shape).astype(np.int64)
     vertices = points[used]
@@ -129,3 +180,174 @@ def read_gmsh(path: str | os.PathLike, order: int) -> Mesh:
     geom = points[conn].reshape(E, m, m, m, 3)
     x = element_nodes(geom, order)
     return Mesh(order, cells, vertices, x, np.zeros((0, 4), dtype=np.int64))
+
+
+def _meshio_read(name: str):
+    """``meshio.read`` as a Gmsh file, every failure a ``ValueError`` naming the file.
+
+    meshio prints and calls ``sys.exit(1)`` when no reader accepts a file; that, its
+    ``ReadError`` and the NumPy/Unicode errors of a truncated or garbled file are
+    caught here so that nothing ends the caller's process.
+    """
+    import meshio  # optional dependency, only needed here
+
+    def fail(why):
+        return ValueError(f"{name}: not a readable Gmsh .msh mesh ({why})")
+
+    with open(name, "rb") as f:
+        first = f.readline(64).strip()
+    if first not in (b"$MeshFormat", b"$Comments"):
+        raise fail(f"it does not start with $MeshFormat; its first bytes are {first[:32]!r}")
+    try:
+        return meshio.read(name, file_format="gmsh")
+    except SystemExit:
+        raise fail("meshio could not parse it: truncated, or not in the Gmsh format") from None
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- meshio raises anything on a bad file
+        why = str(err) or type(err).__name__
+        raise fail(f"truncated or malformed: {type(err).__name__}: {why}") from None
+
+
+def _check_ascii_node_ids(name: str):
+    """Node ids of an ASCII ``.msh`` (v2 or v4.1) as written, checked; None for other files.
+
+    meshio maps ids to indices by array lookups in which an id of 0 or below silently
+    wraps to another node and a repeated id silently replaces the first one: these,
+    and element node ids that ``$Nodes`` does not define, are a ``ValueError`` here.
+    """
+    with open(name, "rb") as f:
+        head = f.read(4096).decode("utf-8", errors="replace").splitlines()
+        try:
+            i = [line.strip() for line in head].index("$MeshFormat")
+            version, file_type = head[i + 1].split()[:2]
+        except (ValueError, IndexError):
+            return None  # not a Gmsh header (meshio's parse names the problem) or comments > 4 KB
+        if file_type != "0" or not (version.startswith("2") or version in ("4", "4.1")):
+            return None  # binary, or v4.0: left to meshio's parse
+        f.seek(0)
+        text = f.read().decode("utf-8", errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        if version.startswith("2"):
+            tags, elements = _ascii_ids_v2(lines)
+        else:
+            tags, elements = _ascii_ids_v41(lines)
+    except (ValueError, IndexError) as err:
+        raise ValueError(f"{name}: malformed or truncated ASCII Gmsh file ({err})") from None
+    if tags is None:
+        return None
+    if tags.size and tags.min() <= 0:
+        raise ValueError(f"{name}: node id {int(tags.min())} in $Nodes: Gmsh node ids must be >= 1")
+    uniq, counts = np.unique(tags, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{name}: node id {int(uniq[counts > 1][0])} is defined more than once in $Nodes")
+    if elements:
+        nodes = np.concatenate([v for _, v in elements])
+        known = np.isin(nodes, uniq)
+        if not known.all():
+            k = int(np.argmin(known))
+            elem = np.repeat([e for e, _ in elements], [len(v) for _, v in elements])[k]
+            raise ValueError(f"{name}: element {elem} uses node id {int(nodes[k])}, which $Nodes does not define")
+    return tags
+
+
+def _section(lines, tag):
+    """Index of the first line after ``$tag`` and of its ``$Endtag``; None if absent."""
+    try:
+        a = lines.index(f"${tag}")
+    except ValueError:
+        return None
+    try:
+        return a + 1, lines.index(f"$End{tag}", a)
+    except ValueError:
+        raise ValueError(f"${tag} has no $End{tag}") from None
+
+
+def _ascii_ids_v2(lines):
+    nodes, elems = _section(lines, "Nodes"), _section(lines, "Elements")
+    if nodes is None or elems is None:
+        return None, []
+    a, b = nodes
+    count = int(lines[a])
+    rows = lines[a + 1:b]
+    if len(rows) != count:
+        raise ValueError(f"$Nodes announces {count} nodes and lists {len(rows)}")
+    tags = np.array([int(r.split(None, 1)[0]) for r in rows], dtype=np.int64)
+    a, b = elems
+    count = int(lines[a])
+    rows = lines[a + 1:b]
+    if len(rows) != count:
+        raise ValueError(f"$Elements announces {count} elements and lists {len(rows)}")
+    out = []
+    for r in rows:
+        v = [int(t) for t in r.split()]
+        out.append((v[0], np.array(v[3 + v[2]:], dtype=np.int64)))  # id, type, #tags, tags…, nodes…
+    return tags, out
+
+
+def _ascii_ids_v41(lines):
+    nodes, elems = _section(lines, "Nodes"), _section(lines, "Elements")
+    if nodes is None or elems is None:
+        return None, []
+    a, b = nodes
+    nblocks = int(lines[a].split()[0])
+    k, tags = a + 1, []
+    for _ in range(nblocks):
+        dim, _, parametric, count = (int(t) for t in lines[k].split())
+        tags += [int(t) for t in lines[k + 1:k + 1 + count]]
+        k += 1 + 2 * count
+        if k > b:
+            raise ValueError("$Nodes ends inside a block")
+    a, b = elems
+    nblocks = int(lines[a].split()[0])
+    k, out = a + 1, []
+    for _ in range(nblocks):
+        count = int(lines[k].split()[3])
+        for r in lines[k + 1:k + 1 + count]:
+            v = [int(t) for t in r.split()]
+            out.append((v[0], np.array(v[1:], dtype=np.int64)))
+        k += 1 + count
+        if k > b:
+            raise ValueError("$Elements ends inside a block")
+    return np.array(tags, dtype=np.int64), out
+
+
+def _merge_coincident(name, corners, points, merge_tol, node_id):
+    """Corner node indices with coincident nodes (within merge_tol·diagonal) replaced by the lowest."""
+    used = np.unique(corners)
+    p = points[used]
+    diag = float(np.linalg.norm(p.max(axis=0) - p.min(axis=0)))
+    tol = (MERGE_TOL if merge_tol is None else merge_tol) * diag
+    from scipy.spatial import cKDTree
+
+    pairs = cKDTree(p).query_pairs(tol, p=np.inf, output_type="ndarray")
+    if not len(pairs):
+        return corners
+    if merge_tol is None:
+        i, j = (int(used[v]) for v in pairs[0])
+        raise ValueError(f"{name}: {len(pairs)} pair(s) of corner nodes coincide, e.g. node ids {node_id(i)} and "
+                         f"{node_id(j)} at {points[i].tolist()} (they would disconnect the mesh); "
+                         f"pass merge_tol to merge them")
+    # union–find on the pairs: each group maps to its lowest index
+    parent = np.arange(len(used))
+
+    def root(v):
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for u, v in pairs:
+        ru, rv = root(u), root(v)
+        if ru != rv:
+            parent[max(ru, rv)] = min(ru, rv)
+    rep = np.array([root(v) for v in range(len(used))])
+    merged = np.nonzero(rep != np.arange(len(used)))[0]
+    examples = ", ".join(f"{node_id(int(used[v]))}→{node_id(int(used[rep[v]]))}" for v in merged[:3])
+    warnings.warn(f"{name}: merged {len(merged)} corner node(s) that coincide with another "
+                  f"(within {merge_tol:g}·diagonal): {examples}{', …' if len(merged) > 3 else ''}",
+                  stacklevel=3)
+    lookup = np.empty(int(corners.max()) + 1, dtype=np.int64)
+    lookup[used] = used[rep]
+    return lookup[corners]

@@ -64,7 +64,7 @@ def adjoint_probe(maxiter: int = 1000, dtype=jnp.float64) -> PCGInfo:
     float form; convert with :func:`adjoint_info`. ``maxiter`` must match the solve's.
     """
     z = jnp.zeros((), dtype)
-    return PCGInfo(z, z, z, z, jnp.zeros((maxiter + 1,), dtype))
+    return PCGInfo(z, z, z, z, jnp.zeros((maxiter + 1,), dtype), z, z)
 
 
 def adjoint_info(probe_grad: PCGInfo) -> PCGInfo:
@@ -73,14 +73,14 @@ def adjoint_info(probe_grad: PCGInfo) -> PCGInfo:
     A probe used by several solves in one loss receives the sum of their infos;
     use one probe per solve.
     """
-    it, res, res0, conv, hist = probe_grad
-    return PCGInfo(jnp.round(it).astype(jnp.int32), res, res0, conv > 0.5, hist)
+    return probe_grad._replace(iterations=jnp.round(probe_grad.iterations).astype(jnp.int32),
+                               converged=probe_grad.converged > 0.5, breakdown=probe_grad.breakdown > 0.5)
 
 
-def _warn_adjoint(converged, iterations, residual, residual0):
+def _warn_adjoint(converged, iterations, relative_residual):
     converged = np.asarray(converged)
     if not converged.all():
-        rel = np.asarray(residual) / np.where(np.asarray(residual0) > 0, residual0, 1)
+        rel = np.asarray(relative_residual)
         warnings.warn(
             f"adjoint PCG did not converge: {int((~converged).sum())} of {converged.size} solve(s), "
             f"iterations {np.asarray(iterations).ravel().tolist()}, relative residual "
@@ -156,12 +156,11 @@ def _solve_bwd(tol, maxiter, method, check, res, cts):
                   dots=sem.dots, method=method)
     lam = weight * y
     if check and tol > 0:
-        jax.debug.callback(_warn_adjoint, info.converged, info.iterations, info.residual, info.residual0)
+        jax.debug.callback(_warn_adjoint, info.converged, info.iterations, info.true_relative_residual)
     _, vjp = jax.vjp(lambda s, b_, a1, a2: _residual(s, b_, a1, a2, u), sem, b, h1, h2)
     sem_bar, b_bar, h1_bar, h2_bar = vjp(lam)
     dt = u.dtype
-    probe_bar = PCGInfo(info.iterations.astype(dt), info.residual.astype(dt), info.residual0.astype(dt),
-                        info.converged.astype(dt), info.history.astype(dt))
+    probe_bar = PCGInfo(*(a.astype(dt) for a in info))
     return sem_bar, b_bar, h1_bar, h2_bar, probe_bar
 
 

@@ -1,12 +1,20 @@
-"""Jacobi-preconditioned conjugate gradients as one ``lax.while_loop``.
+"""Jacobi-preconditioned conjugate gradients as compiled loops, with an honest exit test.
 
 Vectors are E-vectors (any pytree-free array shape); the inner product is
 supplied by the caller (multiplicity-weighted for SEM, so shared nodes count
-once, plus an all-reduce across ranks when distributed). Stopping is on the
-relative preconditioner-free residual ‖r‖/‖b‖ ≤ tol, or after ``maxiter``
-iterations; with ``tol=0`` exactly ``maxiter`` iterations run (the bake-off's
-fixed-100-iteration mode). Non-convergence is reported in :class:`PCGInfo`,
-never hidden.
+once, plus an all-reduce across ranks when distributed). The loop stops on the
+relative preconditioner-free *recurrence* residual ‖r‖/‖b‖ ≤ tol, or after
+``maxiter`` iterations; with ``tol=0`` exactly ``maxiter`` iterations run (the
+bake-off's fixed-100-iteration mode).
+
+Convergence is then decided on the *true* residual b − A x, computed once at
+exit (one operator application, inside the compiled loop): in floating point the
+recurrence drifts from it, most at tight tolerances. When the recurrence meets
+``tol`` and the true residual does not, CG restarts from x with the true
+residual, for as long as iterations remain and each restart lowers the true
+residual (residual replacement); ``converged`` means ‖b − A x‖ ≤ tol·‖b‖ for
+the returned x. Non-convergence and non-finite numbers are reported in
+:class:`PCGInfo`, never hidden.
 
 :func:`linear_solve` wraps PCG in ``lax.custom_linear_solve`` so that
 ``jax.grad`` differentiates by one adjoint solve (implicit differentiation),
@@ -15,22 +23,35 @@ not through the iterations.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-__all__ = ["PCGInfo", "pcg", "linear_solve", "weighted_dots"]
+__all__ = ["PCGInfo", "pcg", "linear_solve", "min_tol"]
+
+# A relative residual below TOL_EPS·eps of the working precision cannot be
+# certified: b − A x itself carries rounding errors of at least eps·‖b‖, and the
+# weighted norms add O(eps) relative errors of their own.
+TOL_EPS = 10
 
 
 class PCGInfo(NamedTuple):
-    """What a PCG run did.
+    """What a PCG run did (all arrays; under ``vmap`` one per batch member).
 
-    ``iterations``: iterations performed; ``residual``: final ‖r‖ (weighted
-    norm); ``residual0``: ‖b‖; ``converged``: ‖r‖ ≤ tol·‖b‖ (always False in
-    fixed-iteration mode unless it happened); ``history: (maxiter + 1,)``
-    residual norms, NaN after the last iteration.
+    ``iterations``: CG iterations performed (those after a restart included);
+    ``residual``: ‖r‖ of the recurrence at exit (weighted norm; the quantity the
+    loop tests); ``residual0``: ‖b‖; ``converged``: the true residual met the
+    tolerance, ‖b − A x‖ ≤ tol·‖b‖, and no breakdown (in fixed-iteration mode,
+    ``tol=0``, only if the residual is exactly 0); ``history: (maxiter + 1,)``
+    recurrence residual norms, NaN after the last iteration;
+    ``true_relative_residual``: ‖b − A x‖/‖b‖ of the returned x (0 for b = 0 = A x,
+    inf for b = 0 ≠ A x); ``breakdown``: a NaN or Inf met the solve (in ``b``, the
+    initial guess, the operator or the iteration): ``x`` is then all NaN, never
+    a plausible-looking zero, and ``converged`` is False.
     """
 
     iterations: jax.Array
@@ -38,28 +59,55 @@ class PCGInfo(NamedTuple):
     residual0: jax.Array
     converged: jax.Array
     history: jax.Array
+    true_relative_residual: jax.Array
+    breakdown: jax.Array
 
 
-def weighted_dots(weight, allreduce: Callable | None = None) -> Callable:
-    """A ``dots`` for :func:`pcg`: ``[(u, v), …] ↦ (Σ u·v·weight, …)`` as *one* variadic reduction.
+def min_tol(dtype) -> float:
+    """The smallest positive ``tol`` PCG accepts in ``dtype``: 10·eps (float64 2.2e-15, float32 1.2e-6).
 
-    ``jnp.stack([jnp.sum(u * v * w) for …])`` is one reduction per pair, and XLA
-    (CPU always, GPU when its multi-output fusion declines) then reads the shared
-    operands once per pair and materializes z = M r between them; a single
-    ``lax.reduce`` over the tuple of products reads every operand once and fuses
-    the producers (r ← r − αw, z = M r) into the same pass. ``allreduce``: applied
-    to the ``(len(pairs),)`` local sums (e.g. ``lambda s: allreduce_sum(s, comm)``).
-    Same sums as the per-pair form up to summation order.
+    The computed residual b − A x carries rounding errors of at least eps·‖b‖, so
+    smaller relative residuals cannot be measured, let alone certified.
     """
-    def dots(pairs):
-        prods = tuple(u * v * weight for u, v in pairs)
-        zeros = tuple(jnp.zeros((), x.dtype) for x in prods)
-        sums = lax.reduce(prods, zeros, lambda a, b: tuple(x + y for x, y in zip(a, b)),
-                          tuple(range(prods[0].ndim)))
-        local = jnp.stack(sums)
-        return local if allreduce is None else allreduce(local)
+    dt = jnp.dtype(dtype)
+    if not jnp.issubdtype(dt, jnp.inexact):
+        dt = jnp.dtype(float)
+    return TOL_EPS * float(jnp.finfo(dt).eps)
 
-    return dots
+
+def _check_options(tol, maxiter, method, b):
+    """Refuse bad static options before anything is traced; errors name the argument."""
+    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
+        raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
+    if method not in ("classic", "single-reduction"):
+        raise ValueError(f"method must be 'classic' or 'single-reduction', got {method!r}")
+    if isinstance(tol, jax.core.Tracer):
+        raise ValueError("tol must be a concrete number (it decides the loop's exit statically), got a traced value")
+    real = isinstance(tol, (int, float, np.integer, np.floating)) or (
+        isinstance(tol, (np.ndarray, jax.Array)) and tol.ndim == 0 and jnp.issubdtype(tol.dtype, jnp.number)
+        and not jnp.issubdtype(tol.dtype, jnp.complexfloating))
+    if isinstance(tol, (bool, np.bool_)) or not real:
+        raise ValueError(f"tol must be a number, got {tol!r}")
+    t = float(tol)
+    dt = jnp.result_type(b)
+    lo = min_tol(dt)
+    if t != 0 and not (math.isfinite(t) and lo <= t < 1):
+        raise ValueError(
+            f"tol must be 0 (fixed-iteration mode: exactly maxiter iterations) or in [{lo:.3g}, 1) "
+            f"for {jnp.dtype(dt).name} (10·eps: a smaller relative residual cannot be certified), got {tol!r}")
+
+
+def _check_finite(value, name, what):
+    """NaN/Inf in a concrete (untraced) array: a ValueError naming it. Traced values are left
+    to the in-loop flag (:attr:`PCGInfo.breakdown`)."""
+    if value is None or isinstance(value, jax.core.Tracer):
+        return
+    a = jnp.asarray(value)
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        return
+    bad = int(a.size - jnp.count_nonzero(jnp.isfinite(a)))
+    if bad:
+        raise ValueError(f"{name} ({what}) has {bad} non-finite value(s) (NaN or Inf) of {a.size}")
 
 
 def _safe_div(a, b):
@@ -87,7 +135,9 @@ def pcg(
       precond: ``r -> z ≈ A⁻¹ r`` (Jacobi: multiply by the inverse diagonal);
         identity if None.
       x0: initial guess (zeros if None).
-      tol: relative residual tolerance; 0 runs exactly ``maxiter`` iterations.
+      tol: relative residual tolerance, a concrete number: 0 runs exactly
+        ``maxiter`` iterations; otherwise ``min_tol(b.dtype) ≤ tol < 1``
+        (10·eps: 2.2e-15 in float64, 1.2e-6 in float32).
       maxiter: iteration cap (a static int ≥ 1).
       dots: optional ``[(u1, v1), (u2, v2), …] -> array`` of several inner
         products computed together (distributed: one all-reduce for (r, z)
@@ -97,37 +147,66 @@ def pcg(
         same iterates in exact arithmetic, one reduction of three inner
         products per iteration; latency-bound multi-GPU runs want it).
 
-    Returns ``(x, PCGInfo)``.
+    Returns ``(x, PCGInfo)``; ``converged`` is decided on the true residual
+    b − A x (one operator application at exit, and CG restarts from the true
+    residual where the recurrence drifted; see the module docstring).
+
+    Raises ``ValueError`` (before tracing) for a bad ``tol``, ``maxiter`` or
+    ``method``, and for NaN/Inf in a concrete ``b`` or ``x0``; traced non-finite
+    values set ``info.breakdown`` and return an all-NaN ``x``.
     """
-    if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1:
-        raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
-    if not tol >= 0:
-        raise ValueError(f"tol must be >= 0, got {tol!r}")
-    if method not in ("classic", "single-reduction"):
-        raise ValueError(f"method must be 'classic' or 'single-reduction', got {method!r}")
+    _check_options(tol, maxiter, method, b)
+    _check_finite(b, "b", "right-hand side")
+    _check_finite(x0, "x0", "initial guess")
+    maxiter, tol = int(maxiter), float(tol)
     M = precond if precond is not None else (lambda r: r)
     if dots is None:
         dots = lambda pairs: jnp.stack([dot(u, v) for u, v in pairs])
-    if method == "single-reduction":
-        return _pcg_single_reduction(A, b, M, dot, dots, x0, tol, maxiter)
+    run = (_classic if method == "classic" else _single_reduction)(A, M, dot, dots, maxiter)
+
     x = jnp.zeros_like(b) if x0 is None else x0
     r = b - A(x) if x0 is not None else b
-    z = M(r)
-    rz = dot(r, z)
     bnorm = jnp.sqrt(dot(b, b))
     rr0 = dot(r, r)
     target = tol * bnorm
-    # the loop carries ‖r‖² (the history too; square roots after the loop): one scalar kernel
+    target2 = target * target
+    # the loops carry ‖r‖² (the history too; square roots after the loop): one scalar kernel
     # fewer per iteration in the fixed cost t₀ (a sqrt kernel between the reduction and its users)
     hist = jnp.full((maxiter + 1,), jnp.nan, dtype=rr0.dtype).at[0].set(rr0)
-    target2 = target * target
 
-    def cond(state):
-        _, _, _, _, it, rr, _ = state
-        return (it < maxiter) & (rr > target2)
+    # One pass of CG from (x, r) until the recurrence meets tol or maxiter, then the true
+    # residual; again from the true residual while it misses tol, iterations remain and the
+    # last pass lowered it. The pass runs once in the common case (the body is traced once;
+    # nested loops, unlike a cond in the CG body, keep vmap from running the extra apply
+    # every iteration).
+    def outer_cond(state):
+        _, _, rrt, it, _, _, rrt_prev, first = state
+        return first | ((rrt > target2) & (it < maxiter) & (rrt < rrt_prev))
+
+    def outer_body(state):
+        x, r, rrt, it, hist, _, _, _ = state
+        x, it, rr, hist = run(x, r, rrt, it, hist, target2)
+        r_true = b - A(x)
+        return x, r_true, dot(r_true, r_true), it, hist, rr, rrt, jnp.asarray(False)
+
+    state = (x, r, rr0, jnp.asarray(0, jnp.int32), hist, rr0, jnp.asarray(jnp.inf, rr0.dtype), jnp.asarray(True))
+    x, _, rrt, it, hist, rr, _, _ = lax.while_loop(outer_cond, outer_body, state)
+
+    breakdown = ~(jnp.isfinite(rrt) & jnp.isfinite(bnorm))
+    x = jnp.where(breakdown, jnp.asarray(jnp.nan, x.dtype), x)
+    rt = jnp.sqrt(rrt)
+    rel = jnp.where(bnorm > 0, rt / jnp.where(bnorm > 0, bnorm, 1),
+                    jnp.where(rt == 0, jnp.zeros_like(rt), jnp.full_like(rt, jnp.inf)))
+    converged = (rrt <= target2) & ~breakdown
+    return x, PCGInfo(it, jnp.sqrt(rr), bnorm, converged, jnp.sqrt(hist), rel, breakdown)
+
+
+def _classic(A, M, dot, dots, maxiter):
+    """Hestenes–Stiefel PCG: ``run(x, r, ‖r‖², it, hist, target²) -> (x, it, ‖r‖², hist)``
+    iterates from the residual r of x until ‖r‖² ≤ target² or ``it = maxiter``."""
 
     # Passes over the vectors per iteration (XLA fuses by dataflow; the grouping
-    # below is the minimum, experiments/NOTES_speed.md counts the bytes):
+    # below is the minimum):
     #   1. w = A p, then (p, w) — the operator's own passes, the dot fused into its output;
     #   2. r ← r − αw with (r, M r) and (r, r) — one reduction (``dots``), z never stored;
     #   3. x ← x + αp and p ← M r + βp — both read p once, after the reduction.
@@ -143,57 +222,60 @@ def pcg(
         hist = hist.at[it + 1].set(rr)
         return x, r, p, rz_new, it + 1, rr, hist
 
-    state = (x, r, z, rz, jnp.asarray(0, jnp.int32), rr0, hist)
-    x, r, _, _, it, rr, hist = lax.while_loop(cond, body, state)
-    rn = jnp.sqrt(rr)
-    return x, PCGInfo(it, rn, bnorm, rn <= target, jnp.sqrt(hist))
+    def run(x, r, rr, it, hist, target2):
+        z = M(r)
+        rz = dot(r, z)
+        cond = lambda state: (state[4] < maxiter) & (state[5] > target2)
+        x, _, _, _, it, rr, hist = lax.while_loop(cond, body, (x, r, z, rz, it, rr, hist))
+        return x, it, rr, hist
+
+    return run
 
 
-def _pcg_single_reduction(A, b, M, dot, dots, x0, tol, maxiter):
+def _single_reduction(A, M, dot, dots, maxiter):
     """Chronopoulos–Gear PCG: one fused reduction (γ = (r,u), δ = (w,u), ‖r‖²) per iteration.
 
     With u = M r and w = A u: β_i = γ_i/γ_{i−1}, α_i = γ_i/(δ_i − β_i γ_i/α_{i−1}),
     p ← u + β p, s ← w + β s (s = A p by recurrence), x ← x + α p, r ← r − α s.
     The residual norm of x_i is known at the start of step i, so the stopping
-    test runs there (one extra operator apply on the last step).
+    test runs there (one extra operator apply on the last step); a pass's
+    first step is tested on entry with the ‖r‖² it is given. ``run`` as in
+    :func:`_classic`; a pass starts with p = s = 0 (a restart).
     """
-    x = jnp.zeros_like(b) if x0 is None else x0
-    r = b - A(x) if x0 is not None else b
-    bnorm = jnp.sqrt(dot(b, b))
-    target = tol * bnorm
-    dt = bnorm.dtype
-    hist = jnp.full((maxiter + 1,), jnp.nan, dtype=dt)
-    zero = jnp.zeros((), dt)
 
-    def cond(state):
-        return (state[6] < maxiter) & ~state[8]
+    def run(x, r, rr, it, hist, target2):
+        dt = rr.dtype
+        zero = jnp.zeros((), dt)
 
-    def body(state):
-        x, r, p, s, gamma_old, alpha_old, it, hist, _, _ = state
-        u = M(r)
-        w = A(u)
-        gamma, delta, rr = dots([(r, u), (w, u), (r, r)])
-        rn = jnp.sqrt(rr)
-        hist = hist.at[it].set(rn)
-        done = rn <= target
-        first = it == 0
-        beta = jnp.where(first, zero, _safe_div(gamma, gamma_old))
-        denom = delta - jnp.where(first, zero, beta * _safe_div(gamma, alpha_old))
-        alpha = _safe_div(gamma, denom)
-        step = jnp.where(done, zero, alpha)
-        p = u + beta * p
-        s = w + beta * s
-        x = x + step * p
-        r = r - step * s
-        return x, r, p, s, gamma, alpha, it + jnp.where(done, 0, 1).astype(it.dtype), hist, done, rn
+        def cond(state):
+            return (state[6] < maxiter) & ~state[8]
 
-    state = (x, r, jnp.zeros_like(b), jnp.zeros_like(b), zero, zero, jnp.asarray(0, jnp.int32), hist,
-             jnp.asarray(False), zero)
-    x, r, _, _, _, _, it, hist, done, rn = lax.while_loop(cond, body, state)
-    # after maxiter updates the last residual's norm is not yet known: one more reduction
-    rn = jnp.where(done, rn, jnp.sqrt(dot(r, r)))
-    hist = hist.at[it].set(rn)
-    return x, PCGInfo(it, rn, bnorm, rn <= target, hist)
+        def body(state):
+            x, r, p, s, gamma_old, alpha_old, it, hist, _, first, _ = state
+            u = M(r)
+            w = A(u)
+            gamma, delta, rr = dots([(r, u), (w, u), (r, r)])
+            hist = hist.at[it].set(rr)
+            done = (rr <= target2) & ~first  # a pass's first step: tested on entry, by the caller's ‖r‖²
+            beta = jnp.where(first, zero, _safe_div(gamma, gamma_old))
+            denom = delta - jnp.where(first, zero, beta * _safe_div(gamma, alpha_old))
+            alpha = _safe_div(gamma, denom)
+            step = jnp.where(done, zero, alpha)
+            p = u + beta * p
+            s = w + beta * s
+            x = x + step * p
+            r = r - step * s
+            it = it + jnp.where(done, 0, 1).astype(it.dtype)
+            return x, r, p, s, gamma, alpha, it, hist, done, jnp.asarray(False), rr
+
+        state = (x, r, jnp.zeros_like(r), jnp.zeros_like(r), zero, zero, it, hist,
+                 rr <= target2, jnp.asarray(True), rr)
+        x, r, _, _, _, _, it, hist, done, _, rr = lax.while_loop(cond, body, state)
+        # after maxiter updates the last residual's norm is not yet known: one more reduction
+        rr = jnp.where(done, rr, dot(r, r))
+        return x, it, rr, hist.at[it].set(rr)
+
+    return run
 
 
 def linear_solve(
@@ -226,8 +308,11 @@ def linear_solve(
     the operator JAX hands it, so it is handed ``A`` itself (JAX's
     ``symmetric=True``). First derivatives are exact either way; second
     derivatives through such a solve are not supported. Others as
-    :func:`pcg`. Returns ``(x, PCGInfo)``.
+    :func:`pcg`, whose checks run here first (before tracing). Returns ``(x, PCGInfo)``.
     """
+    _check_options(tol, maxiter, method, b)
+    _check_finite(b, "b", "right-hand side")
+    maxiter, tol = int(maxiter), float(tol)
     run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots, method=method)
 
     def solve(_, rhs):
