@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxsem.backends.cuda import cuda_available
-from jaxsem.discretization.gather_scatter import _csr_gather, gs_apply, make_gs
+from jaxsem.discretization.gather_scatter import csr_gather, gs_apply, make_gs
 from jaxsem.mesh import box_mesh
 from jaxsem.mesh.numbering import number_nodes
 
@@ -87,6 +87,6 @@ def test_csr_rows_list_every_copy_in_one_order(numbering):
         else:
             assert sorted(row) == list(row) and set(row) == set(np.nonzero(flat == flat[i])[0])
     v = np.random.default_rng(4).standard_normal((3,) + numbering.gid.shape)
-    got = _csr_gather(jnp.asarray(v.reshape(3, -1)), plan.csr_off, plan.csr_idx).reshape(v.shape)
+    got = csr_gather(jnp.asarray(v.reshape(3, -1)), plan.csr_off, plan.csr_idx).reshape(v.shape)
     for c in range(3):
         np.testing.assert_allclose(got[c], _reference(numbering.gid, v[c]), rtol=1e-14, atol=1e-14)

@@ -37,14 +37,14 @@ def test_stability_radii():
     assert ts.stability_radius("lserk4") == pytest.approx(3.1685, abs=1e-3)
     for m in ts.METHODS:  # the half-disk is inside the region: |R| <= 1 on its boundary
         z = ts.stability_radius(m) * np.exp(1j * np.linspace(np.pi / 2, 3 * np.pi / 2, 101))
-        assert np.all(np.abs(ts._amplification(m, z)) <= 1 + 1e-9)
+        assert np.all(np.abs(ts.stability_function(m, z)) <= 1 + 1e-9)
     assert ts.cfl_dt(10.0, "rk4", 0.5) == pytest.approx(0.5 * ts.stability_radius("rk4") / 10)
 
 
 def test_lserk4_is_fourth_order_on_scalar_exponential():
     # R(z) agrees with exp(z) to O(z^5): the stage coefficients are right.
     z = np.array([1e-2, 2e-2])
-    err = np.abs(ts._amplification("lserk4", z) - np.exp(z))
+    err = np.abs(ts.stability_function("lserk4", z) - np.exp(z))
     assert np.log2(err[1] / err[0]) == pytest.approx(5, abs=0.05)
 
 

@@ -124,7 +124,7 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
     (SEEDS.md §1); BP5 298.5 B/DOF (SEEDS.md's rougher estimate is 269).
     """
     kind, spec = _check_problem(problem)
-    order = basis._check_order(order)
+    order = basis.check_order(order)
     item = _check_dtype(dtype).itemsize
     n = order + 1
     q = n if spec.quadrature == "gll" else order + 2
@@ -221,7 +221,7 @@ def bench_bk(
 def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, backend) -> dict:
     """Validate, discretize BPk's box mesh once (timed as setup), run ``timer``, add rates."""
     k = _check_k(k)
-    order = basis._check_order(order)
+    order = basis.check_order(order)
     ne = _check_elements(elements)
     dt = _check_dtype(dtype)
     bandwidth = _check_bandwidth(bandwidth)

@@ -26,7 +26,7 @@ import time
 from ..backends import BACKENDS
 from ..core.basis import MAX_ORDER
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 DEFAULTS = dict(bp=5, order=6, elements=(3, 3, 3), deform=0.1, maxiter=1000)
 DEFAULT_TOL = {"float64": 1e-10, "float32": 1e-5}
@@ -70,7 +70,7 @@ def _version() -> str:
     return __version__
 
 
-def _build_parser() -> _Parser:
+def build_parser() -> _Parser:
     p = _Parser(
         prog="jaxsem",
         description="Differentiable spectral elements in JAX. Without a command: solve a small "
@@ -466,7 +466,7 @@ def _report_info(r: dict) -> str:
 
 def main(argv=None) -> int:
     """Entry point of the ``jaxsem`` console script; returns the exit code."""
-    parser = _build_parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:  # the default demonstration solve

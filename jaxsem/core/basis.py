@@ -21,6 +21,7 @@ MAX_GAUSS_POINTS = 64
 
 __all__ = [
     "MAX_ORDER",
+    "check_order",
     "MAX_GAUSS_POINTS",
     "gll_points",
     "gauss_points",
@@ -31,7 +32,8 @@ __all__ = [
 ]
 
 
-def _check_order(order, name="order", lo=1, hi=MAX_ORDER):
+def check_order(order, name="order", lo=1, hi=MAX_ORDER):
+    """``order`` as an int if it is an integer in ``[lo, hi]``; else an error naming ``name``."""
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {order!r}")
     if not lo <= order <= hi:
@@ -98,7 +100,7 @@ def gll_points(order: int):
     Returns ``(x, w)``, both ``(N + 1,)`` float64 on [-1, 1], ascending;
     the rule integrates polynomials of degree ≤ 2N − 1 exactly. 1 ≤ N ≤ 20.
     """
-    order = _check_order(order)
+    order = check_order(order)
     x, w = _gll(order)
     return x.copy(), w.copy()
 
@@ -109,7 +111,7 @@ def gauss_points(q: int):
     Returns ``(x, w)``, both ``(q,)`` float64 on (-1, 1), ascending. 1 ≤ q ≤ 64
     (``MAX_GAUSS_POINTS``; the bake-off uses q = N + 2, the error norms q = N + 4, N ≤ 20).
     """
-    q = _check_order(q, "q", 1, MAX_GAUSS_POINTS)
+    q = check_order(q, "q", 1, MAX_GAUSS_POINTS)
     x, w = _gauss(q)
     return x.copy(), w.copy()
 

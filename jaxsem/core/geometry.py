@@ -24,7 +24,7 @@ import numpy as np
 
 from . import basis
 
-__all__ = ["Quadrature", "quadrature", "Geometry", "geometric_factors", "to_quadrature", "G_PAIRS"]
+__all__ = ["Quadrature", "quadrature", "Geometry", "geometric_factors", "factors", "to_quadrature", "G_PAIRS"]
 
 G_PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))  # rr, rs, rt, ss, st, tt
 
@@ -57,7 +57,7 @@ class Quadrature:
 def quadrature(order: int, kind: str = "gll", q: int | None = None) -> Quadrature:
     """The quadrature for BK/BP operators: ``"gll"`` (q = N + 1, collocated) or
     ``"gauss"`` (q = N + 2 Gauss–Legendre unless ``q`` is given)."""
-    order = basis._check_order(order)
+    order = basis.check_order(order)
     xg, _ = basis.gll_points(order)
     if kind == "gll":
         w = basis.gll_points(order)[1]
@@ -113,7 +113,7 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
         n = quad.order + 1
         raise ValueError(f"x must have shape (3, E, {n}, {n}, {n}), got {tuple(x.shape)}")
     dt = x.dtype
-    geom = _factors(x, jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
+    geom = factors(x, jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
     if check and not isinstance(geom.jac, jax.core.Tracer):
         jmin = np.asarray(jnp.min(geom.jac.reshape(geom.jac.shape[0], -1), axis=1))
         bad = np.nonzero(~(jmin > 0))[0]
@@ -127,7 +127,14 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
 
 
 @functools.partial(jax.jit, static_argnums=4)
-def _factors(x, J, Dt, w, collocated):
+def factors(x, J, Dt, w, collocated):
+    """:class:`Geometry` of ``x: (3, E, n, n, n)`` from the rule's matrices, traceable (no checks).
+
+    ``J, Dt: (q, n)`` interpolation and derivative to the quadrature points, ``w: (q,)``
+    its weights, ``collocated`` (static) when the points are the GLL nodes themselves.
+    What :func:`geometric_factors` computes, for callers that differentiate through the
+    coordinates (``SEM.with_coordinates``) or hold the matrices already.
+    """
     g = _grad_ref(x, J, Dt)  # g[a, d] = ∂x_d/∂r_a
     xr, xs, xt = g[0], g[1], g[2]
     cross = lambda a, b: jnp.stack(

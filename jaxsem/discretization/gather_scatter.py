@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..parallel import comm as _comm
 from ..mesh.partition import rank_pairs
+from ..parallel import comm as _comm
 
-__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply",
+__all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "csr_gather",
            "exchange_received", "received_positions", "LAYOUTS"]
 
 LAYOUTS = ("segment", "csr")
@@ -275,7 +275,7 @@ def _gs_segment(u2, gid, N):
     return jnp.take(_component_sums(u2, gid, N), gid, axis=-1)
 
 
-def _csr_gather(u2, off, idx):
+def csr_gather(u2, off, idx):
     """What the CUDA kernel computes, in JAX (to check a plan's ``csr_off``/``csr_idx`` anywhere)."""
     L = u2.shape[1]
     deg = off[1:] - off[:-1]

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..backends import Backend, resolve as resolve_backend
+from ..core import basis
 from ..core import geometry as geo
 from ..core.reduce import weighted_dots
 from ..parallel.comm import Comm, get_comm
@@ -91,14 +92,12 @@ class SEM(Discretization):
         if x.shape != self.x.shape:
             raise ValueError(f"x must have shape {self.x.shape}, got {x.shape}")
         coll = self.quadrature == "gll"
-        geom = geo._factors(x, self.J, self.Dt, self.w, coll)
+        geom = geo.factors(x, self.J, self.Dt, self.w, coll)
         if coll:
             bmass = geom.B
         else:
-            from ..core import basis
-
             wg = jnp.asarray(basis.gll_points(self.order)[1], x.dtype)
-            bmass = geo._factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
+            bmass = geo.factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
         return dataclasses.replace(self, x=x, geom=geom, bmass=bmass)
 
     def dssum(self, u):

@@ -56,7 +56,7 @@ class Mesh:
     deform: float = 0.0
 
     def __post_init__(self):
-        order = basis._check_order(self.order)
+        order = basis.check_order(self.order)
         cells = _int_array(self.cells, "cells")
         if cells.ndim != 2 or cells.shape[1] != 8 or cells.shape[0] < 1:
             raise ValueError(f"cells must have shape (E, 8) with E >= 1, got {cells.shape}")
@@ -180,7 +180,7 @@ def box_mesh(
     Returns a :class:`Mesh` whose elements are ordered x fastest, then y, then z.
     """
     ne = _check_int_triple(elements, "elements")
-    order = basis._check_order(order)
+    order = basis.check_order(order)
     try:
         L = tuple(float(v) for v in lengths)
     except TypeError:

@@ -106,7 +106,7 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     wedge, pyramid, hexahedron20, …), a file without hexahedra, and hex8 and hex27
     mixed.
     """
-    order = basis._check_order(order)
+    order = basis.check_order(order)
     if merge_tol is not None and not (isinstance(merge_tol, (int, float)) and not isinstance(merge_tol, bool)
                                       and 0 <= merge_tol < 1):
         raise ValueError(f"merge_tol must be a number in [0, 1) or None, got {merge_tol!r}")

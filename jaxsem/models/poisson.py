@@ -201,7 +201,7 @@ def relative_errors(sem: SEM, u_h, u_exact: Callable):
 
 @functools.partial(jax.jit, static_argnums=6)
 def _errors(x, u_h, valid, J, Dt, w, u_exact):
-    g = geo._factors(x, J, Dt, w, False)
+    g = geo.factors(x, J, Dt, w, False)
     uq = interp(u_h, J)
     ue = u_exact(g.xq[0], g.xq[1], g.xq[2])
     un = u_exact(x[0], x[1], x[2])

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "stability_function",
     "METHODS",
     "LowStorageTableau",
     "ButcherTableau",
@@ -355,7 +356,7 @@ def _check_steps(num_steps):
 # ----------------------------------------------------------------------------- stability
 
 
-def _amplification(method: str, z):
+def stability_function(method: str, z):
     """Stability function R(z) of ``method`` (NumPy, complex ``z``), from y' = λy."""
     return rk_step(lambda t, y: z * y, 0.0, np.ones_like(z), 1.0, method)
 
@@ -363,12 +364,12 @@ def _amplification(method: str, z):
 def _first_unstable(method: str, direction, r_max: float = 8.0, step: float = 0.01) -> np.ndarray:
     """Per ray ``z = r·direction``: the first r where ``|R(z)| > 1`` (coarse scan, then bisection)."""
     r = np.arange(step, r_max + step, step)
-    bad = np.abs(_amplification(method, r[:, None] * direction[None, :])) > 1.0 + 1e-12
+    bad = np.abs(stability_function(method, r[:, None] * direction[None, :])) > 1.0 + 1e-12
     idx = np.where(bad.any(axis=0), np.argmax(bad, axis=0), len(r) - 1)
     lo, hi = np.where(idx > 0, r[idx - 1], 0.0), r[idx]
     for _ in range(30):
         mid = 0.5 * (lo + hi)
-        b = np.abs(_amplification(method, mid * direction)) > 1.0 + 1e-12
+        b = np.abs(stability_function(method, mid * direction)) > 1.0 + 1e-12
         lo, hi = np.where(b, lo, mid), np.where(b, mid, hi)
     return lo
 
