@@ -1,9 +1,10 @@
 """CUDA (XLA FFI) kernels for BK1–BK6: build, check against einsum, time across orders.
 
-``jaxsem/operators/csrc/sem_kernels.cu`` (one element per thread layer, k-column in
+``jaxsem/backends/csrc/sem_kernels.cu`` (one element per thread layer, k-column in
 registers, nothing padded to powers of two). This script, on one GPU:
 
-1. builds the library (``cuda_kernels.build``; the build time is recorded);
+1. builds the libraries the run needs (``jaxsem.backends.cuda.build``, one per operator,
+   dtype and order, in parallel; the build time is recorded);
 2. checks every kernel against the einsum reference on random data with a ragged
    element count (E = 37), orders 1…15, FP64 (and FP32 against the FP64 reference),
    scalar and 3-component forms;
@@ -12,7 +13,14 @@ registers, nothing padded to powers of two). This script, on one GPU:
    against the copy ceiling measured in the same run (bytes per DOF:
    :func:`jaxsem.app.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
 
+``--impls``: ``einsum`` (the reference) or ``cuda[V][p|n]``: the CUDA kernels with variant V
+(default: the tuning table's) and the L2 prefetch on (p), off (n) or as the table says; V must
+be one of ``jaxsem.backends.cuda.VARIANTS`` for the operator (others are skipped). The variant
+is chosen by setting the tuning table's entry while the call is traced, the path every call
+takes.
+
     python experiments/cuda_kernels.py --out $OUT/cuda_kernels_h100.json
+    python experiments/cuda_kernels.py --impls cuda2,cuda4,cuda6,cuda8 --problems bk5,bk6 --orders 7
     python experiments/cuda_kernels.py --plot-only cuda_kernels_h100.json   # the PNG again
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -33,10 +42,12 @@ import jaxsem
 from jaxsem import geometry
 from jaxsem.app import bench
 from jaxsem.backends import cuda as ck
-from jaxsem.operators.fused import mass_auto, stiffness_auto, stiffness_gll_auto
+from jaxsem.operators.mass import mass
+from jaxsem.operators.stiffness import stiffness, stiffness_gll
 
 PROBLEMS = {"bk1": ("mass", 1), "bk2": ("mass", 3), "bk3": ("stiffness", 1), "bk4": ("stiffness", 3),
             "bk5": ("gll", 1), "bk6": ("gll", 3)}
+CUDA_OP = {"mass": "mass", "stiffness": "stiffness", "gll": "bk5"}  # PROBLEMS' op -> cuda.OPS
 
 
 def inputs(key, E, order, op, components, dtype):
@@ -62,20 +73,32 @@ def parse_impl(impl):
 
 
 def apply(op, impl, u, J, Dt, data):
-    """``impl``: einsum, pallas, or ``cuda[V][p|n]``: the CUDA kernels, variant V (default: the
-    operator's default variant), with the L2 prefetch on (p), off (n) or as default."""
-    if impl.startswith("cuda"):
-        v, pf = parse_impl(impl)
+    """``impl``: einsum, or ``cuda[V][p|n]``: the CUDA kernels, variant V (default: the tuning
+    table's), with the L2 prefetch on (p), off (n) or as the table says. V and the prefetch are
+    the table's entry for u's key while this call is traced (jit it afresh per impl)."""
+    if not impl.startswith("cuda"):
         if op == "mass":
-            return ck.mass_cuda(u, J, data, variant=v, prefetch=pf)
+            return mass(u, J, data)
         if op == "gll":
-            return ck.stiffness_gll_cuda(u, Dt, data, variant=v, prefetch=pf)
-        return ck.stiffness_cuda(u, J, Dt, data, variant=v, prefetch=pf)
-    if op == "mass":
-        return mass_auto(u, J, data, impl=impl)
-    if op == "gll":
-        return stiffness_gll_auto(u, Dt, data, impl=impl)
-    return stiffness_auto(u, J, Dt, data, impl=impl)
+            return stiffness_gll(u, Dt, data)
+        return stiffness(u, J, Dt, data)
+    v, pf = parse_impl(impl)
+    kop = CUDA_OP[op]
+    key = (kop, u.shape[-1], math.prod(u.shape[:-4]) > 1, jnp.dtype(u.dtype).name)
+    listed = ck.TUNING.get(key)
+    dv, dpf = ck.defaults(kop, u)
+    ck.TUNING[key] = (dv if v is None else v, dpf if pf is None else pf)
+    try:
+        if op == "mass":
+            return ck.mass_cuda(u, J, data)
+        if op == "gll":
+            return ck.stiffness_gll_cuda(u, Dt, data)
+        return ck.stiffness_cuda(u, J, Dt, data)
+    finally:
+        if listed is None:
+            del ck.TUNING[key]
+        else:
+            ck.TUNING[key] = listed
 
 
 def has_variant(op, impl):
@@ -83,10 +106,10 @@ def has_variant(op, impl):
     if not impl.startswith("cuda"):
         return True
     v, _ = parse_impl(impl)
-    return v is None or v in ck._ALLOWED[{"gll": "bk5"}.get(op, op)]
+    return v is None or v in ck.VARIANTS[CUDA_OP[op]]
 
 
-def check(orders, out, impls=("cuda1", "cuda2")):
+def check(orders, out, impls=("cuda",)):
     key = jax.random.PRNGKey(1)
     rows = []
     for order in orders:
@@ -151,7 +174,7 @@ def main(argv=None):
     ap.add_argument("--orders", default="1-15")
     ap.add_argument("--check-orders", default="1-15", help='orders to check against einsum, or "none"')
     ap.add_argument("--problems", default="bk5,bk1,bk3,bk6,bk2,bk4")
-    ap.add_argument("--impls", default="cuda1,cuda2,pallas")
+    ap.add_argument("--impls", default="cuda", help="comma list of einsum, cuda[V][p|n] (default: cuda)")
     ap.add_argument("--dtype", default="float64")
     ap.add_argument("--target-dofs", type=float, default=1.6e7)
     ap.add_argument("--repeats", type=int, default=7)
@@ -171,10 +194,13 @@ def main(argv=None):
                inner=a.inner, rows=[])
     save = lambda: open(a.out, "w").write(json.dumps(out, indent=1))
     t0 = time.perf_counter()
-    ck._register()  # builds (or loads $JAXSEM_CUDA_LIB) and registers the FFI targets
+    checks = rng(a.check_orders) if a.check_orders != "none" else []
+    keys = {(CUDA_OP[op], dt, o + 1) for op, _ in PROBLEMS.values() for o in checks for dt in ("float64", "float32")}
+    keys |= {(CUDA_OP[PROBLEMS[p][0]], a.dtype, o + 1) for p in a.problems.split(",") for o in rng(a.orders)}
+    ck.build(sorted(keys))  # in parallel; $JAXSEM_CUDA_LIB: nothing to build
     out["build_seconds"] = time.perf_counter() - t0
-    out["library"] = os.environ.get("JAXSEM_CUDA_LIB") or str(ck._cache_dir())
-    print(f"library {out['library']} ready in {out['build_seconds']:.1f} s", flush=True)
+    out["library"] = os.environ.get("JAXSEM_CUDA_LIB") or os.environ.get("JAXSEM_CUDA_CACHE") or "~/.cache/jaxsem"
+    print(f"{len(keys)} libraries in {out['library']} ready in {out['build_seconds']:.1f} s", flush=True)
     if a.check_orders != "none":
         check(rng(a.check_orders), out, [i for i in dict.fromkeys(a.impls.split(",")) if i.startswith("cuda")])
     save()

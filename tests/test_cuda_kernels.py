@@ -1,10 +1,13 @@
 """CUDA (XLA FFI) kernels: input checks everywhere; equality with einsum on a GPU.
 
 The GPU tests run where JAX's backend is a CUDA GPU and nvcc is found
-(``cuda_kernels.cuda_available()``), e.g. ``python -m pytest tests/test_cuda_kernels.py``
-on the device machine; on CPU machines they are skipped and the checks of the
-argument validation run.
+(``cuda.cuda_available()``), e.g. ``python -m pytest tests/test_cuda_kernels.py``
+on the device machine; on CPU machines they are skipped, and the checks of the
+tuning table and of the argument validation run. A test selects a kernel variant
+the way every call does: through the tuning table (patched for the test).
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -41,45 +44,91 @@ def test_supported_shapes():
     assert not ck.cuda_supported(jnp.zeros((5, 4, 4, 4), jnp.int32))
 
 
-def test_default_variants_exist_for_their_operator():
-    """Every default (scalar and vector tables, every order) is a variant its operator has, so
-    no default launch can raise "variant must be one of"."""
-    for op in ck._ALLOWED:
-        for n in range(2, ck.MAX_N + 1):
-            for comps in (1, 3):
-                for dt in ("float64", "float32"):
-                    assert ck.default_variant(op, n, comps, dt) in ck._ALLOWED[op], (op, n, comps, dt)
-    assert ck.default_variant("mass", 8, 3) == 10 and ck.default_variant("mass", 8, 1) == 9
-    assert ck.default_variant("bk5", 6, 3) == 10 and ck.default_variant("bk5", 6, 1) == 6
-    # FP32 has its own winners: BK6 at p = 7 by lines with the prefetch, FP64 the element kernel
-    assert ck.default_variant("bk5", 8, 3, "float32") == 10 and ck.default_prefetch("bk5", 8, 3, "float32")
-    assert ck.default_variant("bk5", 8, 3, "float64") == 4 and not ck.default_prefetch("bk5", 8, 3)
-    u32 = jnp.zeros((3, 2, 8, 8, 8), jnp.float32)
-    assert ck._variant(None, None, "bk5", u32) == 10 | ck.PREFETCH_L2
+KEYS = [(op, n, vector, dtype) for op in ck.OPS for n in range(2, ck.MAX_N + 1) for vector in (False, True)
+        for dtype in ("float64", "float32")]
 
 
-@pytest.mark.skipif(ck.cuda_available(), reason="checks the error off GPU")
-def test_cuda_off_gpu_is_a_clear_error():
+def _u(n, vector, dtype):
+    return jax.ShapeDtypeStruct(((3,) if vector else ()) + (5, n, n, n), jnp.dtype(dtype))
+
+
+def _table_problems():
+    """What is wrong with the tuning table as :func:`ck.defaults` reads it: a key whose variant its
+    operator lacks, a listed key no call can have, a variant no key selects, a variant number
+    the source has no ``case`` for in its operator's launch function, a prefetch that is not a bool."""
+    problems = []
+    chosen = {op: set() for op in ck.OPS}
+    for op, n, vector, dtype in KEYS:
+        variant, prefetch = ck.defaults(op, _u(n, vector, dtype))
+        chosen[op].add(variant)
+        if variant not in ck.VARIANTS[op] or not isinstance(prefetch, bool):
+            problems.append(f"{op} n={n} vector={vector} {dtype}: ({variant!r}, {prefetch!r})")
+    problems += [f"listed key {k} is not a kernel call" for k in ck.TUNING if k not in KEYS]
+    source = ck.SOURCE.read_text()
+    for op in ck.OPS:
+        problems += [f"{op} variant {v}: no key selects it" for v in set(ck.VARIANTS[op]) - chosen[op]]
+        body = source[source.index(f"bool launch_{op}("):]
+        body = body[:body.index("\n}\n")]
+        cases = {int(c) for c in re.findall(r"case (\d+):", body)}
+        if cases != set(ck.VARIANTS[op]):
+            problems.append(f"{op}: VARIANTS {ck.VARIANTS[op]}, launch_{op} has cases {sorted(cases)}")
+        problems += [f"{op} variant {v} collides with PREFETCH_L2" for v in ck.VARIANTS[op] if v >= ck.PREFETCH_L2]
+    return problems
+
+
+def test_tuning_table_covers_every_key_with_a_variant_that_exists(monkeypatch):
+    """Every (operator, n, vector form, dtype) resolves, listed or by DEFAULT, to a variant its
+    operator has in the CUDA source, and every variant is some key's choice."""
+    assert _table_problems() == []
+    # the check fails where it should: the mass has no DEFAULT variant (2), and a stray key
+    monkeypatch.delitem(ck.TUNING, ("mass", 8, False, "float64"))
+    monkeypatch.setitem(ck.TUNING, ("bk1", 8, False, "float64"), (2, False))
+    assert len(_table_problems()) == 2
+
+
+def test_tuning_table_values():
+    """Spot checks of the table (docs/kernels.md): vector forms and FP32 have their own winners."""
+    d = lambda op, n, vector=False, dtype="float64": ck.defaults(op, _u(n, vector, dtype))
+    assert d("mass", 8, True) == (10, False) and d("mass", 8) == (9, True)
+    assert d("bk5", 6, True) == (10, True) and d("bk5", 6) == (6, False)
+    assert d("bk5", 8, True, "float32") == (10, True) and d("bk5", 8, True) == (4, False)
+    assert d("bk5", 8) == ck.DEFAULT == (2, False) and d("stiffness", 16, True, "float32") == ck.DEFAULT
+    assert d("stiffness", 8) == (8, True)  # BK3 p = 7 with the L2 prefetch
+    assert ck.defaults("bk5", jnp.zeros((1, 4, 8, 8, 8))) == d("bk5", 8)  # one component: scalar form
+
+
+def test_bad_calls_are_clear_errors(monkeypatch):
     u, J, Dt, B, G = _data(2, 3)
-    with pytest.raises(ValueError, match="need a CUDA GPU"):
-        ck.mass_cuda(u, J, B)
-    with pytest.raises(ValueError, match="variant must be one of"):
-        ck.stiffness_cuda(u, J, Dt, G, variant=1)  # no slice kernel for BK3/BK4
-    with pytest.raises(ValueError, match="variant must be one of"):
-        ck.stiffness_cuda(u, J, Dt, G, variant=10)
-    with pytest.raises(ValueError, match="variant must be one of"):
-        ck.mass_cuda(u, J, B, variant=11)
-    with pytest.raises(ValueError, match="variant must be one of"):
-        ck.stiffness_gll_cuda(u, Dt, G, variant=9)  # Gauss kernels only
-    with pytest.raises(ValueError, match="prefetch must be"):
-        ck.mass_cuda(u, J, B, prefetch="yes")
+    if not ck.cuda_available():
+        with pytest.raises(ValueError, match="need a CUDA GPU"):
+            ck.mass_cuda(u, J, B)
     with pytest.raises(ValueError, match="n <= 16"):
         ck.stiffness_gll_cuda(jnp.zeros((2, 17, 17, 17)), jnp.eye(17), jnp.zeros((6, 2, 17, 17, 17)))
+    monkeypatch.setitem(ck.TUNING, ("stiffness", 3, False, "float64"), (1, False))  # no slice kernel
+    with pytest.raises(ValueError, match=re.escape(f"stiffness has variants {ck.VARIANTS['stiffness']}")):
+        ck.stiffness_cuda(u, J, Dt, G)
+
+
+def test_build_keys_are_checked():
+    assert ("bk5", "float64", 8) in ck.libraries() and ("gs", "float32", None) in ck.libraries()
+    assert len(ck.libraries()) == len(ck.OPS) * 2 * (ck.MAX_N - 1) + 2
+    with pytest.raises(ValueError, match="keys must be"):
+        ck.build([("bk5", "float64", 17)])
+
+
+# f64 orders and libraries the GPU tests below use, built in parallel once
+ORDERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 15)
+
+
+@pytest.fixture(scope="module")
+def built():
+    ck.build([(op, "float64", p + 1) for op in ck.OPS for p in ORDERS]
+             + [("bk5", "float32", 7), ("gs", "float64", None), ("gs", "float32", None)])
 
 
 @gpu
 @pytest.mark.parametrize("order", [1, 2, 4, 5, 7, 8, 10, 15])
-def test_equal_to_einsum(order):
+def test_equal_to_einsum(built, order):
     E = 37  # ragged for every elements-per-block
     u, J, Dt, B, G = _data(order, E)
     rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
@@ -89,81 +138,74 @@ def test_equal_to_einsum(order):
     assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg), stiffness_gll(ug, Dg, Gg)) < 1e-13
 
 
+OP_VARIANTS = [(op, v) for op in ck.OPS for v in ck.VARIANTS[op]]
+
+
+def _run(op, u, J, Dt, B, G, ug, Dg, Gg):
+    """``op`` through its public function (``ug, Dg, Gg``: the GLL data for BK5)."""
+    if op == "mass":
+        return ck.mass_cuda(u, J, B)
+    if op == "stiffness":
+        return ck.stiffness_cuda(u, J, Dt, G)
+    return ck.stiffness_gll_cuda(ug, Dg, Gg)
+
+
+def _want(op, u, J, Dt, B, G, ug, Dg, Gg):
+    if op == "mass":
+        return mass(u, J, B)
+    if op == "stiffness":
+        return stiffness(u, J, Dt, G)
+    return stiffness_gll(ug, Dg, Gg)
+
+
 @gpu
-@pytest.mark.parametrize("variant", ck.VARIANTS)
+@pytest.mark.parametrize("op,variant", OP_VARIANTS)
 @pytest.mark.parametrize("order", [1, 7, 9, 12])
-def test_every_variant_equal_to_einsum(variant, order):
-    """Variants 4-9 take the operator matrices from constant memory (4/5 D rows from registers
-    up to n = 10, above it from shared memory; 8/9 contract by lines): each against einsum,
-    3 components."""
+def test_every_variant_equal_to_einsum(built, monkeypatch, op, variant, order):
+    """Each variant, selected through the tuning table, against einsum: 3 components."""
     u, J, Dt, B, G = _data(order, 11, comps=3)
-    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-    if variant in ck._ALLOWED["mass"]:
-        assert rel(ck.mass_cuda(u, J, B, variant=variant), mass(u, J, B)) < 1e-13
-    if variant in ck._ALLOWED["stiffness"]:
-        assert rel(ck.stiffness_cuda(u, J, Dt, G, variant=variant), stiffness(u, J, Dt, G)) < 1e-13
-    if variant in ck._ALLOWED["bk5"]:
-        ug, _, Dg, _, Gg = _data(order, 11, comps=3, quad="gll")
-        assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg, variant=variant), stiffness_gll(ug, Dg, Gg)) < 1e-13
-
-
-def test_prefetch_bit_rides_on_the_variant():
-    u = jnp.zeros((3, 5, 8, 8, 8))
-    assert ck._variant(9, True, "mass", u) == 9 | ck.PREFETCH_L2
-    assert ck._variant(9, False, "mass", u) == 9
-    assert ck._variant(None, None, "mass", u) == ck.default_variant("mass", 8, 3) | (
-        ck.PREFETCH_L2 if ck.default_prefetch("mass", 8, 3) else 0)
-    assert max(ck.VARIANTS) < ck.PREFETCH_L2  # the bit is free
+    ug, _, Dg, _, Gg = _data(order, 11, comps=3, quad="gll")
+    monkeypatch.setitem(ck.TUNING, (op, order + 1, True, "float64"), (variant, False))
+    got, want = _run(op, u, J, Dt, B, G, ug, Dg, Gg), _want(op, u, J, Dt, B, G, ug, Dg, Gg)
+    assert float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want))) < 1e-13
 
 
 @gpu
-@pytest.mark.parametrize("variant", ck.VARIANTS)
+@pytest.mark.parametrize("op,variant", OP_VARIANTS)
 @pytest.mark.parametrize("order", [1, 7, 13])
-def test_prefetch_changes_nothing(variant, order):
+def test_prefetch_changes_nothing(built, monkeypatch, op, variant, order):
     """The L2 prefetch is a hint: with it on, every variant's result is bit-identical to off
     (3 components, a ragged last block)."""
     u, J, Dt, B, G = _data(order, 11, comps=3)
     ug, _, Dg, _, Gg = _data(order, 11, comps=3, quad="gll")
-    calls = []
-    if variant in ck._ALLOWED["mass"]:
-        calls.append(lambda pf: ck.mass_cuda(u, J, B, variant=variant, prefetch=pf))
-    if variant in ck._ALLOWED["stiffness"]:
-        calls.append(lambda pf: ck.stiffness_cuda(u, J, Dt, G, variant=variant, prefetch=pf))
-    if variant in ck._ALLOWED["bk5"]:
-        calls.append(lambda pf: ck.stiffness_gll_cuda(ug, Dg, Gg, variant=variant, prefetch=pf))
-    for call in calls:
-        np.testing.assert_array_equal(np.asarray(call(True)), np.asarray(call(False)))
+    out = {}
+    for pf in (True, False):
+        monkeypatch.setitem(ck.TUNING, (op, order + 1, True, "float64"), (variant, pf))
+        out[pf] = np.asarray(_run(op, u, J, Dt, B, G, ug, Dg, Gg))
+    np.testing.assert_array_equal(out[True], out[False])
 
 
 @gpu
-@pytest.mark.parametrize("variant", [4, 6, 8, 9, 10])
-def test_constant_memory_follows_each_call(variant):
+@pytest.mark.parametrize("op,variant", [(op, v) for op, v in OP_VARIANTS if v >= 4])
+def test_constant_memory_follows_each_call(built, monkeypatch, op, variant):
     """The constant-memory copy of D/J is refreshed for every launch: one jitted function with two
     different matrices of the same order, and two orders, gives each call its own result."""
+    for n in (4, 6):
+        monkeypatch.setitem(ck.TUNING, (op, n, False, "float64"), (variant, False))
     u, J, Dt, B, G = _data(5, 7)
     ug, _, Dg, _, Gg = _data(5, 7, quad="gll")
     u2, J2, Dt2, B2, G2 = _data(3, 7, seed=1)
-
-    vm = 8 if variant == 9 else variant  # no 9 for BK5
-    vs = 11 if variant == 10 else variant  # no 10 for BK3
-
-    @jax.jit
-    def both(u, ug, u2):
-        return (ck.stiffness_gll_cuda(ug, Dg, Gg, variant=vm),
-                ck.stiffness_gll_cuda(ug, 2.0 * Dg, Gg, variant=vm),
-                ck.mass_cuda(u, J, B, variant=vm), ck.mass_cuda(u, 0.5 * J, B, variant=vm),
-                ck.stiffness_cuda(u, J, Dt, G, variant=vs),
-                ck.stiffness_cuda(u2, J2, Dt2, G2, variant=vs))
-
-    got = both(u, ug, u2)
-    want = (stiffness_gll(ug, Dg, Gg), stiffness_gll(ug, 2.0 * Dg, Gg), mass(u, J, B), mass(u, 0.5 * J, B),
-            stiffness(u, J, Dt, G), stiffness(u2, J2, Dt2, G2))
-    for a, b in zip(got, want):
-        assert float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) < 1e-13
+    ug2, _, Dg2, _, Gg2 = _data(3, 7, quad="gll", seed=1)
+    cases = [(u, J, Dt, B, G, ug, Dg, Gg), (u, 0.5 * J, 2.0 * Dt, B, G, ug, 2.0 * Dg, Gg),
+             (u2, J2, Dt2, B2, G2, ug2, Dg2, Gg2)]
+    got = jax.jit(lambda cases: [_run(op, *c) for c in cases])(cases)
+    for g, c in zip(got, cases):
+        want = _want(op, *c)
+        assert float(jnp.max(jnp.abs(g - want)) / jnp.max(jnp.abs(want))) < 1e-13
 
 
 @gpu
-def test_vector_forms_and_float32():
+def test_vector_forms_and_float32(built):
     u, J, Dt, B, G = _data(6, 21, comps=3)
     rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
     assert rel(ck.mass_cuda(u, J, B), mass(u, J, B)) < 1e-13
@@ -175,7 +217,7 @@ def test_vector_forms_and_float32():
 
 
 @gpu
-def test_derivatives_are_the_references():
+def test_derivatives_are_the_references(built):
     u, J, Dt, B, G = _data(3, 9)
     f = lambda G, u: jnp.sum(jnp.sin(ck.stiffness_cuda(u, J, Dt, G)))
     g = lambda G, u: jnp.sum(jnp.sin(stiffness(u, J, Dt, G)))
@@ -185,7 +227,7 @@ def test_derivatives_are_the_references():
 
 @gpu
 @pytest.mark.parametrize("bp", [1, 3, 5])
-def test_solve_with_cuda_kernels(bp):
+def test_solve_with_cuda_kernels(built, bp):
     """Same iterates up to rounding (iteration counts within one), same solution, same
     gradient: the kernel in every forward and adjoint PCG iteration."""
     mesh = box_mesh((3, 3, 2), 5, deform=0.1)
@@ -213,7 +255,7 @@ def test_gs_csr_cuda_checks_its_arguments():
 
 @gpu
 @pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
-def test_gs_csr_kernel_equals_segment_and_copies_agree(lead):
+def test_gs_csr_kernel_equals_segment_and_copies_agree(built, lead):
     """The CUDA gather–scatter ("csr", what discretize takes on one GPU) against the segment
     form; every copy of a node holds the bit-identical sum; its VJP is the same map."""
     from jaxsem.discretization.gather_scatter import gs_apply, make_gs
@@ -241,7 +283,7 @@ def test_gs_csr_kernel_equals_segment_and_copies_agree(lead):
 
 
 @gpu
-def test_solve_and_gradient_same_with_gs_kernel():
+def test_solve_and_gradient_same_with_gs_kernel(built):
     """The CUDA backend's gather–scatter (the gather kernel on one GPU) and element kernels
     against the einsum backend's segment sums: same solution and same gradient (the kernel's
     derivative is the segment form's)."""

@@ -2,14 +2,12 @@
 
 ``csrc/sem_kernels.cu`` holds the classic GPU layout of the spectral-element
 operators (one element per N×N — or, on Gauss points, Q×Q — thread layer, the
-k-column in registers, the other directions through shared memory) and variants
-of it (:data:`VARIANTS`): operator matrices in constant memory, and kernels "by
-lines" where each thread owns a whole line of the direction being contracted and
-shared memory only hands values between owners; and an L2 prefetch of each block's
-data at its start. The fastest variant per operator, order and precision measured on
-an H100 is the default (:func:`default_variant`, :func:`default_prefetch`). Unlike
-the Pallas/Triton kernels (:mod:`jaxsem.operators.fused`), nothing is padded to
-powers of two, so every order p = 1…15 runs at its true size.
+k-column in registers) in a few variants (:data:`VARIANTS`); which one runs, and
+whether it prefetches its block's data into L2, is read from one tuning table
+(:data:`TUNING`, :func:`defaults`) per operator, order, vector form and dtype. The
+table's provenance — which variant won where, and the measurement — is
+``docs/kernels.md``. Nothing is padded to powers of two, so every order
+p = 1…15 runs at its true size.
 
 Same contracts as the einsum references:
 
@@ -17,35 +15,48 @@ Same contracts as the einsum references:
 * :func:`mass_cuda` — :func:`~jaxsem.operators.mass.mass` (BK1/BK2, q = n + 1)
 * :func:`stiffness_cuda` — :func:`~jaxsem.operators.stiffness.stiffness` (BK3/BK4, q = n + 1)
 * :func:`gs_csr_cuda` — the gather–scatter QQᵀ as one gather (layout ``"csr"`` of
-  :mod:`jaxsem.gather_scatter`)
+  :mod:`jaxsem.discretization.gather_scatter`)
 
 ``u: (..., E, n, n, n)`` float64 or float32 with 2 ≤ n ≤ 16; the leading axes
 (vector components) run inside one launch, so the geometric factors leave
 memory once per element.
 
-Build: on first use the source is compiled with ``nvcc`` (found on ``PATH``,
-``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture against
-the XLA FFI headers that jaxlib ships, one library per operator and dtype (eight
-nvcc runs in parallel), into ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``),
-keyed by a hash of source, headers' path, architecture and compiler; once (64–96 s on
-the H100 machine before the variants 4–11 were added; about 6 min on a 2-core CPU
-machine now). :func:`build` does it ahead of time.
+Build, on demand: the first call traced with an operator, dtype and order
+compiles ``csrc/sem_kernels.cu`` for that key only (``-DJAXSEM_OP_…
+-DJAXSEM_REAL=… -DJAXSEM_N=n``: one library holding that operator's variants at
+that order; the gather–scatter has one library per dtype) with ``nvcc`` (found on
+``PATH``, ``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture,
+against the XLA FFI headers that jaxlib ships, and registers it with XLA before
+the call is lowered. One line on stderr says what is being built. Libraries are
+cached in ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``) under names keyed
+by a hash of the source, the headers' path, the architecture and the compiler,
+and written under a temporary name and renamed into place, so concurrent
+processes never load half a file. :func:`build` compiles every library (or those
+asked for) ahead of time, in parallel.
 
-Differentiation: a custom JVP whose tangent is the einsum reference's (as the
-Pallas kernels), so forward and reverse mode work and implicit solves can
-transpose it.
+``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, used
+as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: ``bk5``,
+``mass``, ``stiffness``; n = order + 1) and ``sem_gs_{f64|f32}.so``;
+``build(folder=…)`` writes such a folder. A kernel whose file is missing there
+raises when it is first called.
+
+Differentiation: a custom JVP whose tangent is the einsum reference's, so forward
+and reverse mode work and implicit solves can transpose it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import jax
@@ -55,11 +66,97 @@ import numpy as np
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_gll
 
-__all__ = ["build", "cuda_available", "cuda_supported", "stiffness_gll_cuda", "mass_cuda",
-           "stiffness_cuda", "gs_csr_cuda", "SOURCE", "MAX_N"]
+__all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda", "mass_cuda",
+           "stiffness_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
+           "DEFAULT", "PREFETCH_L2"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
+OPS = ("bk5", "mass", "stiffness")  # BK5/BK6 (GLL, collocated), BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
+
+# The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
+# launch_mass, launch_stiffness):
+#   1     one k-slice per step through shared memory, two barriers per slice
+#   2     the whole element through shared memory once per stage
+#   3     as 2 with registers capped for two blocks per multiprocessor
+#   4, 5  as 2 / as 3, with D's warp-uniform entries from constant memory, D rows in registers
+#         (n <= 10) and the geometric factors loaded a slice ahead
+#   6, 7  as 2 / as 3, with D's warp-uniform entries from constant memory
+#   8     "by lines": each thread owns a whole line of the direction being contracted, the
+#         operator matrices are constant-memory operands, shared memory only hands values between
+#         line owners (BK5/BK6: the collocated stage; mass, BK3/BK4: the interpolations, BK3/BK4's
+#         collocated stage as 6)
+#   9     as 8 with registers capped for three blocks per multiprocessor
+#   10    as 8 with registers capped for more blocks: two (BK5/BK6), four (mass)
+#   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11)}
+
+# Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
+# component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older GPUs and for
+# variant 1). A hint: results are bit-identical with it on and off.
+PREFETCH_L2 = 64
+
+DEFAULT = (2, False)  # (variant, prefetch) for a key TUNING does not list
+
+# The tuning table: per (operator, vector form, dtype), the kernel for n = p + 1 = 2 … 16, as
+# "V" (variant V), "Vp" (variant V with the L2 prefetch) or "." (not listed: DEFAULT). The
+# vector form is 3 components in one launch (BK2/BK4/BK6). The fastest measured on an H100
+# (docs/kernels.md).
+_ROWS = {  # n =                           2    3    4    5    6    7    8    9   10   11   12   13   14   15   16
+    ("bk5", False, "float64"):        "    1    1    .    .    6    8    .    6    8    4    6    4    5    5    7",
+    ("bk5", False, "float32"):        "    1    1    .    .    6    8    8    8    6    4    6    4    5    5    7",
+    ("bk5", True, "float64"):         "    1    1    .  10p  10p   10    4   10    8    4    6    4    5    5    7",
+    ("bk5", True, "float32"):         "    1    1  10p  10p  10p  10p  10p  10p  10p  10p  10p  10p    5    5    7",
+    ("mass", False, "float64"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
+    ("mass", False, "float32"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
+    ("mass", True, "float64"):        "    8   8p    8   8p   8p   9p   10   10    9   9p    9    9    8    8    9",
+    ("mass", True, "float32"):        "    8   8p    8   8p   8p   9p  10p   9p   9p   9p   9p    9    8    8    9",
+    ("stiffness", False, "float64"):  "    .    .    8    9    9    9   8p  11p   11    8   8p    8   11    3    .",
+    ("stiffness", False, "float32"):  "    .    .    8    9    9    9   8p  11p   11    8   8p    8   11    3    .",
+    ("stiffness", True, "float64"):   "    .    .    8    9    9   11   11   11   11    8    8    8   11   11    .",
+    ("stiffness", True, "float32"):   "   8p   8p    8   9p   8p   8p   8p   8p   11   9p   8p   8p   8p   8p    .",
+}
+
+
+def _parse(rows: dict) -> dict:
+    """:data:`_ROWS` as ``{(op, n, vector, dtype): (variant, prefetch)}``, "." cells left out."""
+    table = {}
+    for (op, vector, dtype), row in rows.items():
+        cells = row.split()
+        if len(cells) != MAX_N - 1:
+            raise ValueError(f"tuning row {op, vector, dtype} has {len(cells)} cells, not one per n = 2..{MAX_N}")
+        for n, cell in zip(range(2, MAX_N + 1), cells):
+            if cell != ".":
+                table[op, n, vector, dtype] = (int(cell.rstrip("p")), cell.endswith("p"))
+    return table
+
+
+# (op, n, vector form, dtype name) -> (variant, prefetch); read by defaults() when a call is traced.
+TUNING: dict[tuple[str, int, bool, str], tuple[int, bool]] = _parse(_ROWS)
+
+
+def defaults(op: str, u) -> tuple[int, bool]:
+    """``(variant, prefetch)`` that ``op`` (``"bk5"``, ``"mass"``, ``"stiffness"``) runs for
+    ``u: (..., E, n, n, n)``: :data:`TUNING` at u's n, vector form (more than one component in
+    the leading axes) and dtype, else :data:`DEFAULT`. Read when a call is traced."""
+    n = u.shape[-1]
+    vector = math.prod(u.shape[:-4]) > 1
+    return TUNING.get((op, n, vector, np.dtype(u.dtype).name), DEFAULT)
+
+
+def _attr(op: str, u) -> int:
+    """The FFI attribute ``variant``: the table's variant with bit :data:`PREFETCH_L2`."""
+    variant, prefetch = defaults(op, u)
+    if variant not in VARIANTS[op]:
+        raise ValueError(f"TUNING gives variant {variant!r} for {op} at n = {u.shape[-1]}, {u.dtype}; "
+                         f"{op} has variants {VARIANTS[op]}")
+    return int(variant) | (PREFETCH_L2 if prefetch else 0)
+
+
+# ----------------------------------------------------------------------------- build
+
+DTYPES = {"float64": ("f64", "double"), "float32": ("f32", "float")}
+_LOCK = threading.Lock()
 
 
 def _nvcc() -> str | None:
@@ -84,91 +181,136 @@ def _arch(device) -> str:
     return f"{major}{minor}"
 
 
+def libraries() -> list[tuple[str, str, int | None]]:
+    """Every library key: ``(op, dtype, n)`` for each operator, dtype and n = 2…16, and
+    ``("gs", dtype, None)`` for the gather–scatter."""
+    return ([(op, dt, n) for op in OPS for dt in DTYPES for n in range(2, MAX_N + 1)]
+            + [("gs", dt, None) for dt in DTYPES])
+
+
+def _file_name(key) -> str:
+    """Plain file name of library ``key`` (as in ``$JAXSEM_CUDA_LIB``)."""
+    op, dt, n = key
+    return f"sem_{op}_{DTYPES[dt][0]}" + ("" if n is None else f"_n{n}") + ".so"
+
+
 @functools.cache
-def cuda_available() -> bool:
-    """Whether the CUDA kernels can run here: a CUDA GPU as JAX's default backend and nvcc,
-    an already built library for this GPU, or ``$JAXSEM_CUDA_LIB`` (checked once)."""
-    if jax.default_backend() not in ("gpu", "cuda") or _gpu() is None:
-        return False
-    return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _built(_gpu())
-
-
-OPS = ("bk5", "mass", "stiffness", "gs")
-DTYPES = {"f64": "double", "f32": "float"}
-
-
-def _key(device, nvcc: str | None) -> str:
+def _tag(arch: str, nvcc: str | None) -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(jax.ffi.include_dir().encode())
-    h.update(_arch(device).encode())
+    h.update(arch.encode())
     h.update(str(nvcc).encode())
-    return h.hexdigest()[:16]
+    return f"sm{arch}_{h.hexdigest()[:16]}"
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("JAXSEM_CUDA_CACHE", Path.home() / ".cache" / "jaxsem"))
 
 
-def _names(device, nvcc) -> dict:
-    """Library file name per (op, dtype)."""
-    tag = f"sm{_arch(device)}_{_key(device, nvcc)}"
-    return {(op, dt): f"sem_{op}_{dt}_{tag}.so" for op in OPS for dt in DTYPES}
+def _cached(key, device) -> Path:
+    """Library ``key`` in the cache, for this GPU, source and compiler."""
+    return _cache_dir() / _file_name(key).replace(".so", f"_{_tag(_arch(device), _nvcc())}.so")
 
 
 def _built(device) -> bool:
     """Whether every library for this GPU and source is in the cache."""
-    return all((_cache_dir() / f).exists() for f in _names(device, _nvcc()).values())
+    return all(_cached(k, device).exists() for k in libraries())
 
 
-def build(verbose: bool = True) -> dict:
-    """Compile ``csrc/sem_kernels.cu`` for this GPU, once per operator and dtype (eight nvcc runs
-    in parallel; cached), and return ``{(op, dtype): library path}``.
+@functools.cache
+def cuda_available() -> bool:
+    """Whether the CUDA kernels can run here: a CUDA GPU as JAX's default backend and nvcc,
+    every library built for this GPU, or ``$JAXSEM_CUDA_LIB`` (checked once)."""
+    if jax.default_backend() not in ("gpu", "cuda") or _gpu() is None:
+        return False
+    return bool(os.environ.get("JAXSEM_CUDA_LIB")) or _nvcc() is not None or _built(_gpu())
 
-    ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, named
-    ``sem_{op}_{f64|f32}.so``; used as they are.
+
+def _compile(todo: dict, device, jobs: int) -> None:
+    """nvcc for each ``{key: path}`` in ``todo``, ``jobs`` at a time, the largest n first; each
+    library written beside its path and renamed into place."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("jaxsem CUDA kernels need nvcc: put it on PATH or set JAXSEM_NVCC")
+    arch = _arch(device)
+
+    def one(key):
+        path = todo[key]
+        op, dt, n = key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            out = Path(tmp) / path.name
+            cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
+                   f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{jax.ffi.include_dir()}",
+                   f"-DJAXSEM_OP_{op.upper()}", f"-DJAXSEM_REAL={DTYPES[dt][1]}"]
+            cmd += [] if n is None else [f"-DJAXSEM_N={n}"]
+            proc = subprocess.run(cmd + [str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+            os.replace(out, path)  # atomic: other processes never see half a file
+
+    order = sorted(todo, key=lambda k: -(k[2] or 0))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for f in [pool.submit(one, k) for k in order]:
+            f.result()
+
+
+def build(keys=None, folder=None, jobs: int | None = None, verbose: bool = True) -> dict:
+    """Compile the libraries ``keys`` (default: all of :func:`libraries`) not yet built, ``jobs``
+    nvcc runs at a time (default: one per CPU), and return ``{key: path}``.
+
+    ``folder``: write them there under the plain names ``$JAXSEM_CUDA_LIB`` reads, instead of
+    the cache. With ``$JAXSEM_CUDA_LIB`` set (and no ``folder``) nothing is compiled: the paths
+    there are returned.
     """
+    keys = libraries() if keys is None else [tuple(k) for k in keys]
+    bad = [k for k in keys if k not in libraries()]
+    if bad:
+        raise ValueError(f"keys must be (op, dtype, n) of jaxsem.backends.cuda.libraries(), got {bad[:3]}")
     prebuilt = os.environ.get("JAXSEM_CUDA_LIB")
-    if prebuilt:
-        return {(op, dt): Path(prebuilt) / f"sem_{op}_{dt}.so" for op in OPS for dt in DTYPES}
+    if prebuilt and folder is None:
+        return {k: Path(prebuilt) / _file_name(k) for k in keys}
     device = _gpu()
     if device is None:
         raise RuntimeError("jaxsem CUDA kernels need a CUDA GPU (jax.devices('gpu') is empty)")
-    nvcc = _nvcc()
-    out_dir = _cache_dir()
-    paths = {k: out_dir / name for k, name in _names(device, nvcc).items()}
+    paths = {k: Path(folder) / _file_name(k) if folder is not None else _cached(k, device) for k in keys}
     todo = {k: p for k, p in paths.items() if not p.exists()}
-    if not todo:
-        return paths
-    if nvcc is None:
-        raise RuntimeError("jaxsem CUDA kernels need nvcc: put it on PATH or set JAXSEM_NVCC")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    arch = _arch(device)
-    if verbose:
-        print(f"jaxsem: building CUDA kernels for sm_{arch} in {out_dir} (once, a few minutes)",
-              file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        procs = {}
-        for (op, dt), path in todo.items():
-            cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC",
-                   f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{jax.ffi.include_dir()}",
-                   f"-DJAXSEM_OP_{op.upper()}", f"-DJAXSEM_REAL={DTYPES[dt]}",
-                   str(SOURCE), "-o", str(Path(tmp) / path.name)]
-            procs[op, dt] = (cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                   text=True))
-        for (op, dt), (cmd, proc) in procs.items():
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{err[-4000:]}")
-        for k, path in todo.items():
-            os.replace(Path(tmp) / path.name, path)  # atomic: other processes never see half a file
+    if todo:
+        if verbose:
+            print(f"jaxsem: building {len(todo)} CUDA kernel libraries for sm_{_arch(device)} in "
+                  f"{next(iter(todo.values())).parent}", file=sys.stderr, flush=True)
+        _compile(todo, device, jobs or os.cpu_count() or 1)
     return paths
 
 
 @functools.cache
-def _register() -> None:
-    for (op, dt), path in build().items():
-        lib = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(f"jaxsem_{op}_{dt}", jax.ffi.pycapsule(lib.JaxsemKernel), platform="CUDA")
+def _target(op: str, dtype: str, n: int | None) -> str:
+    """The FFI target of library ``(op, dtype, n)``, built if needed, loaded and registered."""
+    key = (op, dtype, n)
+    name = f"jaxsem_{op}_{DTYPES[dtype][0]}" + ("" if n is None else f"_n{n}")
+    prebuilt = os.environ.get("JAXSEM_CUDA_LIB")
+    if prebuilt:
+        path = Path(prebuilt) / _file_name(key)
+        if not path.exists():
+            raise FileNotFoundError(f"$JAXSEM_CUDA_LIB={prebuilt} has no {path.name} ({op}, {dtype}, n = {n})")
+    else:
+        device = _gpu()
+        path = _cached(key, device)
+        if not path.exists():
+            print(f"jaxsem: building the CUDA kernels {op}, {dtype}" + ("" if n is None else f", n = {n}")
+                  + f" for sm_{_arch(device)} (once; cached in {path.parent})", file=sys.stderr, flush=True)
+            _compile({key: path}, device, 1)
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.JaxsemKernel), platform="CUDA")
+    return name
+
+
+def _ffi_target(op: str, dtype, n: int | None = None) -> str:
+    with _LOCK:  # one build and registration per library, also under threads
+        return _target(op, np.dtype(dtype).name, n)
+
+
+# ----------------------------------------------------------------------------- kernels
 
 
 def cuda_supported(u, J=None) -> bool:
@@ -181,126 +323,19 @@ def cuda_supported(u, J=None) -> bool:
     return J is None or tuple(J.shape) == (n + 1, n)
 
 
-# 1: one k-slice per step (2 barriers per slice; BK5/BK6 and the mass only); 2: whole element
-# per stage; 3: as 2 with registers capped for two blocks per multiprocessor; 4/5: as 2/3 with the
-# operator matrices' uniform reads from constant memory, D rows in registers (n ≤ 10) and G
-# prefetched a slice ahead; 6/7: as 2/3 with constant memory only (csrc/sem_kernels.cu). The mass
-# has no collocated stage: 4 ≡ 6, 5 ≡ 7 there. 8 "by lines": one thread per line of the direction
-# being contracted, operator matrices as constant-memory operands, shared memory only to hand values
-# between line owners (mass: the interpolations; BK3/BK4: the interpolations, with the collocated
-# stage as in 6; BK5/BK6: the collocated stage); 9 (Gauss kernels): as 8 with registers capped for
-# three blocks per multiprocessor. 11 (BK3/BK4): as 8 with the collocated stage's D rows in
-# registers, capped for two blocks. 10: as 8 with registers capped for more blocks per
-# multiprocessor (BK5/BK6: two; mass: four). Measured and dropped (caps_{p7,bk5}_h100.json): BK5 7
-# capped for three blocks, BK3 8 capped for four, the mass with B read once for all components;
-# BK5/BK6 at n = 8 on the FP64 tensor cores (DMMA, one warp per element, commit 46c5484): BK5 at the
-# copy ceiling like the default, BK6 30.4 against 36.2 GDOF/s (mma_p7_{a,b,c}_h100.json).
-VARIANTS = tuple(range(1, 12))
-_ALLOWED = {"bk5": (1, 2, 3, 4, 5, 6, 7, 8, 10), "mass": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
-            "stiffness": (2, 3, 4, 5, 6, 7, 8, 9, 11)}
-
-
-# Faster variant per (operator, n = p + 1) on an H100, FP64, where it is not 2. Variants 1-3 from
-# experiments/results/cuda_kernels_v{2,3}_h100.json; 4-7 from cuda_variants_orders_h100.json (one
-# sweep of 2-7 at p = 3…15, BK5/BK1/BK3); 8/9 (the Gauss kernels by lines) from
-# cuda_lines_h100.json (the defaults then against 8 and 9, p = 1…15); BK5 8 from
-# cuda_coll_lines_h100.json; BK3/BK4 11 from cuda_rows_h100.json; mass 10 from caps_{p7,mass}_h100.json
-# (BK1 p = 5, 8: 43.4/46.3 GDOF/s against 41.0/42.2 with 9). A new variant is taken only
-# where it beat the former default by > 5% (two identical kernels, mass 4 ≡ 6, differed by up to 7%
-# at p = 3 and ≤ 4% elsewhere).
-_VARIANT = {("bk5", 2): 1, ("bk5", 3): 1, ("bk5", 6): 6, ("bk5", 7): 8, ("bk5", 9): 6, ("bk5", 10): 8,
-            ("bk5", 11): 4, ("bk5", 12): 6, ("bk5", 13): 4, ("bk5", 14): 5, ("bk5", 15): 5, ("bk5", 16): 7,
-            ("mass", 2): 8, ("mass", 3): 8, ("mass", 4): 8, ("mass", 5): 8, ("mass", 6): 10, ("mass", 7): 9,
-            ("mass", 8): 9, ("mass", 9): 10, ("mass", 10): 9, ("mass", 11): 9, ("mass", 12): 9,
-            ("mass", 13): 9, ("mass", 14): 8, ("mass", 15): 8, ("mass", 16): 9,
-            ("stiffness", 4): 8, ("stiffness", 5): 9, ("stiffness", 6): 9, ("stiffness", 7): 9,
-            ("stiffness", 8): 8, ("stiffness", 9): 11, ("stiffness", 10): 11, ("stiffness", 11): 8,
-            ("stiffness", 12): 8, ("stiffness", 13): 8, ("stiffness", 14): 11, ("stiffness", 15): 3}
-
-# Where the vector forms (BK2/BK4/BK6: 3 components in one launch) want another variant
-# (cuda_variants_p7_h100.json: BK6 p = 7 36.4 GDOF/s with 4 against 28.4 with 2;
-# cuda_lines_h100.json: BK2 p = 5 50.8 with 8 against 46.6 with 9; cuda_rows_h100.json: BK4 p = 6,
-# 7, 14 with 11 against 8/8/3; caps_{p7,bk5,bk6,mass}_h100.json: BK6 p = 4, 5, 6, 8 with 10,
-# +7…34% over the former default (p = 4 in one run, the others in two); BK2 p = 7 with 10, 56.4/57.0 against 52.6/52.7 with 9; BK2 p = 8 (mass
-# 10 as the scalar form) 53.0 against 47.9).
-_VARIANT_VECTOR = {("bk5", 5): 10, ("bk5", 6): 10, ("bk5", 7): 10, ("bk5", 8): 4, ("bk5", 9): 10,
-                   ("mass", 6): 8, ("mass", 8): 10, ("stiffness", 7): 11, ("stiffness", 8): 11,
-                   ("stiffness", 15): 11}
-
-
-# L2 prefetch (csrc/sem_kernels.cu, prefetch_block): at block start one thread per geometric
-# factor and per component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older
-# GPUs and for variant 1). Bit PREFETCH_L2 of the FFI attribute "variant". On by default for the
-# (operator, n, vector form) listed below: the default variant with it beat the same without it by > 5% in
-# two A/B sweeps on an H100 (l2rt_orders_*_h100.json, l2rt2_orders_*_h100.json; BK1 and BK3 at
-# p = 7 also in l2pf_p7_*_h100.json). It lost up to 20% elsewhere (BK3 p = 2-6, BK5 p = 6-8).
-PREFETCH_L2 = 64
-_PREFETCH = frozenset({("mass", n, False) for n in (2, 3, 5, 7, 8, 9, 10, 11, 12, 13, 15)}
-                      | {("mass", n, True) for n in (3, 5, 6, 7, 11)}
-                      | {("stiffness", n, False) for n in (8, 9, 12)}
-                      | {("bk5", n, True) for n in (5, 6)})
-
-
-# FP32 (operator, n, vector form) -> (variant, prefetch) where it differs from the FP64 tables: the
-# one that beat the FP64 default by > 5% in two sweeps of p = 1…15 on an H100, FP32
-# (f32_variants_r{1,2}_h100.json at p = 7 over every variant; f32_orders_bk{2,4,5,6}_r{1,2}_h100.json
-# over the orders). FP32 halves the registers and shared memory per value, so the kernels by lines
-# (8-10) win more often: BK6 p = 7 +28%, BK5 p = 7 +22%, BK4 p = 13-14 +65%.
-_FP32 = {("bk5", 8, False): (8, False), ("bk5", 9, False): (8, False), ("bk5", 10, False): (6, False)}
-_FP32.update({("bk5", n, True): (10, True) for n in (4, 7, 8, 9, 10, 11, 12, 13)})
-_FP32.update({("stiffness", n, True): (8, True) for n in (2, 3, 6, 7, 8, 9, 12, 13, 14, 15)})
-_FP32.update({("stiffness", 5, True): (9, True), ("stiffness", 11, True): (9, True)})
-_FP32.update({("mass", 8, True): (10, True), ("mass", 9, True): (9, True), ("mass", 10, True): (9, True),
-              ("mass", 12, True): (9, True)})
-
-
-def _fp32(dtype) -> bool:
-    return dtype is not None and np.dtype(dtype) == np.float32
-
-
-def default_prefetch(op: str, n: int, components: int = 1, dtype="float64") -> bool:
-    """Whether ``op`` at n = p + 1 prefetches into L2 by default (:data:`_PREFETCH`; FP32:
-    :data:`_FP32` first)."""
-    if _fp32(dtype) and (op, n, components > 1) in _FP32:
-        return _FP32[op, n, components > 1][1]
-    return (op, n, components > 1) in _PREFETCH
-
-
-def default_variant(op: str, n: int, components: int = 1, dtype="float64") -> int:
-    """Kernel variant for ``op`` ("bk5", "mass", "stiffness") at n = p + 1 with ``components``
-    fields per launch: the faster one measured on an H100, FP64 (2 unless :data:`_VARIANT` or,
-    for several components, :data:`_VARIANT_VECTOR` says otherwise); FP32 (``dtype``) takes
-    :data:`_FP32` first."""
-    if _fp32(dtype) and (op, n, components > 1) in _FP32:
-        return _FP32[op, n, components > 1][0]
-    if components > 1 and (op, n) in _VARIANT_VECTOR:
-        return _VARIANT_VECTOR[op, n]
-    return _VARIANT.get((op, n), 2)
-
-
-def defaults(op: str, u) -> tuple[int, bool]:
-    """``(variant, prefetch)`` the kernel functions take for ``u: (..., E, n, n, n)`` when not
-    told: :func:`default_variant` and :func:`default_prefetch` at its n, components and dtype."""
-    n = u.shape[-1]
-    comps = int(np.prod(u.shape[:-4], dtype=int)) if u.ndim >= 4 else 1
-    return default_variant(op, n, comps, u.dtype), default_prefetch(op, n, comps, u.dtype)
-
-
-def _call(target: str, variant: int, u, *args):
-    """One launch on ``u`` with its leading axes flattened into C components; ``variant`` may
-    carry the bit :data:`PREFETCH_L2`."""
-    _register()
+def _call(op: str, attr: int, u, *args):
+    """One launch on ``u`` with its leading axes flattened into C components; ``attr``: the
+    variant with bit :data:`PREFETCH_L2`."""
     E, n = u.shape[-4], u.shape[-1]
     u5 = u.reshape((-1, E, n, n, n))
-    dt = "f64" if u.dtype == jnp.float64 else "f32"
-    call = jax.ffi.ffi_call(f"jaxsem_{target}_{dt}", jax.ShapeDtypeStruct(u5.shape, u5.dtype),
+    call = jax.ffi.ffi_call(_ffi_target(op, u.dtype, n), jax.ShapeDtypeStruct(u5.shape, u5.dtype),
                             vmap_method="sequential")
-    return call(u5, *args, variant=np.int32(variant)).reshape(u.shape)
+    return call(u5, *args, variant=np.int32(attr)).reshape(u.shape)
 
 
 def _dq(J, Dt):
-    """Collocated derivative on the Gauss points: ``D_q J = Dt`` (as the Pallas kernels);
-    full-precision products (XLA's default FP32 dot on a GPU is TF32)."""
+    """Collocated derivative on the Gauss points: ``D_q J = Dt``; full-precision products
+    (XLA's default FP32 dot on a GPU is TF32)."""
     mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
     return mm(Dt, jnp.linalg.solve(mm(J.T, J), J.T))
 
@@ -314,77 +349,61 @@ def _reference(op, u, M1, M2, data):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
-def _apply(u, M1, M2, data, op, variant):
-    if op == "bk5":
-        return _call("bk5", variant, u, M1, data)
-    if op == "mass":
-        return _call("mass", variant, u, M1, data)
-    return _call("stiffness", variant, u, M1, _dq(M1, M2), data)
+def _apply(u, M1, M2, data, op, attr):
+    if op == "stiffness":
+        return _call(op, attr, u, M1, _dq(M1, M2), data)
+    return _call(op, attr, u, M1, data)
 
 
 @_apply.defjvp
-def _apply_jvp(op, variant, primals, tangents):  # tangent: the einsum reference's (transposable)
+def _apply_jvp(op, attr, primals, tangents):  # tangent: the einsum reference's (transposable)
     _, dw = jax.jvp(lambda *a: _reference(op, *a), primals, tangents)
-    return _apply(*primals, op, variant), dw
+    return _apply(*primals, op, attr), dw
 
 
-def _variant(variant, prefetch, op, u):
-    """The FFI attribute: the kernel variant (checked, or the default) with bit PREFETCH_L2."""
-    default_v, default_pf = defaults(op, u) if u.ndim else (2, False)
-    if variant is None:
-        variant = default_v
-    elif variant not in _ALLOWED[op]:  # BK3/BK4: no slice kernel (1) and no 10; BK5/BK6: no 9; mass: no 11
-        raise ValueError(f"variant must be one of {_ALLOWED[op]} for {op}, got {variant!r}")
-    if prefetch is None:
-        prefetch = default_pf
-    elif prefetch not in (True, False):
-        raise ValueError(f"prefetch must be True, False or None, got {prefetch!r}")
-    return int(variant) | (PREFETCH_L2 if prefetch else 0)
-
-
-def _entry(name, u, J, op):
+def _entry(name, op, u, J) -> int:
+    """Check the call, then return its FFI attribute (:func:`_attr`)."""
     if not cuda_supported(u, J):
         raise ValueError(f"{name} supports u: (..., E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}"
                          + ("" if J is None else " and J: (n + 1, n)")
                          + f"; got u {u.shape} {u.dtype}" + ("" if J is None else f", J {J.shape}"))
+    attr = _attr(op, u)
     if not cuda_available():
         raise ValueError(f"{name}: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
-                         f"(backend here: {jax.default_backend()}); use impl='einsum' or 'pallas'")
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+    return attr
 
 
-def stiffness_gll_cuda(u, D, G, h1=None, variant=None, prefetch=None):
+def stiffness_gll_cuda(u, D, G, h1=None):
     """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
 
     ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
-    ``variant``: one of :data:`VARIANTS` (default :func:`default_variant`); ``prefetch``: the
-    L2 prefetch at block start on or off (default :func:`default_prefetch`).
+    The kernel: :func:`defaults` ``("bk5", u)``.
     """
-    v = _variant(variant, prefetch, "bk5", u)
-    _entry("stiffness_gll_cuda", u, None, "bk5")
+    attr = _entry("stiffness_gll_cuda", "bk5", u, None)
     if h1 is not None:
         G = G * h1
-    return _apply(u, D.astype(u.dtype), D.astype(u.dtype), G.astype(u.dtype), "bk5", v)
+    D = D.astype(u.dtype)
+    return _apply(u, D, D, G.astype(u.dtype), "bk5", attr)
 
 
-def mass_cuda(u, J, B, h2=None, variant=None, prefetch=None):
+def mass_cuda(u, J, B, h2=None):
     """BK1/BK2 ``w = Jᵀ⊗Jᵀ⊗Jᵀ (h₂B ⊙ J⊗J⊗J u)`` (as :func:`mass`): ``J: (n + 1, n)``,
-    ``B: (E, q, q, q)``; ``variant``, ``prefetch`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, prefetch, "mass", u)
-    _entry("mass_cuda", u, J, "mass")
+    ``B: (E, q, q, q)``. The kernel: :func:`defaults` ``("mass", u)``."""
+    attr = _entry("mass_cuda", "mass", u, J)
     if h2 is not None:
         B = B * h2
     J = J.astype(u.dtype)
-    return _apply(u, J, J, B.astype(u.dtype), "mass", v)
+    return _apply(u, J, J, B.astype(u.dtype), "mass", attr)
 
 
-def stiffness_cuda(u, J, Dt, G, h1=None, variant=None, prefetch=None):
+def stiffness_cuda(u, J, Dt, G, h1=None):
     """BK3/BK4 stiffness on q = n + 1 Gauss points (as :func:`stiffness`): ``J, Dt: (q, n)``,
-    ``G: (6, E, q, q, q)``; ``variant``, ``prefetch`` as :func:`stiffness_gll_cuda`."""
-    v = _variant(variant, prefetch, "stiffness", u)
-    _entry("stiffness_cuda", u, J, "stiffness")
+    ``G: (6, E, q, q, q)``. The kernel: :func:`defaults` ``("stiffness", u)``."""
+    attr = _entry("stiffness_cuda", "stiffness", u, J)
     if h1 is not None:
         G = G * h1
-    return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", v)
+    return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", attr)
 
 
 def gs_csr_cuda(u, off, idx):
@@ -393,8 +412,8 @@ def gs_csr_cuda(u, off, idx):
     ``u: (C, L)`` float32/float64 (C fields of L local nodes); ``off: (L + 1,)`` and ``idx: (nnz,)``
     int32: local node i sums ``u[:, idx[off[i]:off[i + 1]]]`` (all copies of its node, itself
     included, in one order for all copies) and keeps ``u[:, i]`` where ``off[i] == off[i + 1]``.
-    Built by :func:`jaxsem.gather_scatter.make_gs` with ``layout="csr"``; no derivative rule
-    of its own (:func:`jaxsem.gather_scatter.gs_apply` supplies it).
+    Built by :func:`jaxsem.discretization.gather_scatter.make_gs` with ``layout="csr"``; no
+    derivative rule of its own (:func:`jaxsem.discretization.gather_scatter.gs_apply` supplies it).
     """
     if u.ndim != 2 or u.dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"gs_csr_cuda: u must be (C, L) float32/float64, got {u.shape} {u.dtype}")
@@ -403,7 +422,6 @@ def gs_csr_cuda(u, off, idx):
                          f"got {off.shape} {off.dtype}, {idx.shape} {idx.dtype}")
     if not cuda_available():
         raise ValueError("gs_csr_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
-    _register()
-    dt = "f64" if u.dtype == jnp.float64 else "f32"
-    call = jax.ffi.ffi_call(f"jaxsem_gs_{dt}", jax.ShapeDtypeStruct(u.shape, u.dtype), vmap_method="sequential")
+    call = jax.ffi.ffi_call(_ffi_target("gs", u.dtype), jax.ShapeDtypeStruct(u.shape, u.dtype),
+                            vmap_method="sequential")
     return call(u, off, idx, variant=np.int32(0))

@@ -14,8 +14,9 @@
 //   BK1/BK2 (mass, Gauss):      w = Jᵀ⊗Jᵀ⊗Jᵀ (B ⊙ J⊗J⊗J u)
 //   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
 //                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
-// Built by jaxsem/operators/cuda_kernels.py (nvcc, the device's own architecture), one
-// library per operator and dtype, cached per source hash.
+// Built by jaxsem/backends/cuda.py (nvcc, the device's own architecture) on first use, one
+// library per operator, dtype and order: -DJAXSEM_OP_BK5|MASS|STIFFNESS|GS,
+// -DJAXSEM_REAL=double|float and -DJAXSEM_N=n (not for GS) select what is instantiated.
 
 #include <cstdint>
 #include <type_traits>
@@ -112,120 +113,16 @@ bk5_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ D,
   }
 }
 
-// ------------------------------------------------------------------ Gauss helpers
-// Forward interpolation of one element's u (N³) to the Q×Q thread layer: on return
-// rx[c] = (J⊗J⊗J u)[c][b][a] for thread (a, b) = (x, y), c < Q.
-template <int N, int Q, int EB, typename T>
-__device__ __forceinline__ void interp_forward(const T* __restrict__ uc, bool active, int a, int b,
-                                               int z, T (*sJ)[N + 1],
-                                               T (*sU)[EB][N][N + 1], T (*sT)[Q + 1],
-                                               T (&rx)[Q]) {
-  constexpr int64_t n2 = N * N;
-  T ry[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const int p = k & 1;
-    if (a < N && b < N) sU[p][z][b][a] = active ? uc[k * n2 + b * N + a] : T(0);
-    __syncthreads();
-    if (b < N) {  // (J u)[k][b][a] along i
-      T s = 0;
-#pragma unroll
-      for (int m = 0; m < N; ++m) s += sJ[a][m] * sU[p][z][b][m];
-      sT[z * N + b][a] = s;  // sT holds EB·N rows of Q
-    }
-    __syncthreads();
-    T s = 0;
-#pragma unroll
-    for (int m = 0; m < N; ++m) s += sJ[b][m] * sT[z * N + m][a];
-    ry[k] = s;
-  }
-#pragma unroll
-  for (int c = 0; c < Q; ++c) {
-    T s = 0;
-#pragma unroll
-    for (int k = 0; k < N; ++k) s += sJ[c][k] * ry[k];
-    rx[c] = s;
-  }
-}
-
-// Transposed interpolation: w[k][j][i] = Σ Jᵀ⊗Jᵀ⊗Jᵀ of the Q-column rv held by thread
-// (a, b); written by threads a < N, b < N.
-template <int N, int Q, int EB, typename T>
-__device__ __forceinline__ void interp_back(T* __restrict__ wc, bool active, int a, int b, int z,
-                                            T (*sJ)[N + 1], T (*sV)[EB][Q][Q + 1],
-                                            T (*sT)[Q + 1], const T (&rv)[Q]) {
-  constexpr int64_t n2 = N * N;
-  T ry[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    T s = 0;
-#pragma unroll
-    for (int c = 0; c < Q; ++c) s += sJ[c][k] * rv[c];
-    ry[k] = s;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const int p = k & 1;
-    sV[p][z][b][a] = ry[k];
-    __syncthreads();
-    if (a < N) {  // along i: (Jᵀ v)[b][i = a]; sT rows = b (< Q), transposed store
-      T s = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) s += sJ[m][a] * sV[p][z][b][m];
-      sT[z * N + a][b] = s;  // sT[(z, i)][b]
-    }
-    __syncthreads();
-    if (a < N && b < N && active) {  // along j: thread (i = a, j = b)
-      T s = 0;
-#pragma unroll
-      for (int m = 0; m < Q; ++m) s += sJ[m][b] * sT[z * N + a][m];
-      wc[k * n2 + b * N + a] = s;
-    }
-  }
-}
-
-// ------------------------------------------------------------------------- BK1 / BK2
-template <int N, int Q, typename T>
-__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>())
-mass_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J,
-            const T* __restrict__ B, T* __restrict__ w) {
-  constexpr int EB = elements_per_block<Q>();
-  __shared__ T sJ[Q][N + 1];
-  __shared__ T sU[2][EB][N][N + 1];
-  __shared__ T sV[2][EB][Q][Q + 1];
-  __shared__ T sT[EB * N][Q + 1];
-  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
-  const int tid = a + Q * (b + Q * z);
-  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t / N][t % N] = J[t];
-  const int64_t e = int64_t(blockIdx.x) * EB + z;
-  const bool active = e < E;
-  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
-  const int64_t ee = active ? e : 0;
-  __syncthreads();
-  for (int c = 0; c < C; ++c) {
-    T rx[Q];
-    interp_forward<N, Q, EB, T>(u + (c * E + ee) * n3, active, a, b, z, sJ, sU, sT, rx);
-    const T* Bq = B + ee * q3 + b * Q + a;
-#pragma unroll
-    for (int k = 0; k < Q; ++k) rx[k] *= active ? Bq[k * q2] : T(0);
-    interp_back<N, Q, EB, T>(w + (c * E + ee) * n3, active, a, b, z, sJ, sV, sT, rx);
-  }
-}
-
-// BK3/BK4 have no slice variant: measured 1.3-3x slower than the whole-element kernel at every
-// order on an H100 (experiments/results/cuda_kernels_v2_h100.json), it is no longer built.
-
 // ================================================================ whole-element variants
-// Variants 4-7: as 2/3 with the options of collocated_stage (constant-memory operator matrices,
-// register rows of D, G prefetch); see by_variant below and cuda_kernels.VARIANTS.
 // Variant 2 ("element"): the whole element goes through shared memory once per stage,
 // so a kernel needs 2 (BK5) to 8 (BK3) block barriers per element instead of two per
 // slice, and each thread has N independent sums per stage (more work between barriers).
-// Shared memory is dynamic (opted in above 48 KB): per element 3N³ words (BK5),
-// N²Q + NQ² (mass), 3Q³ (stiffness). MINB is __launch_bounds__' minimum of resident blocks:
-// 0 (variant 2) leaves ptxas its own register heuristic (BK5 n = 8: 80 registers); 2
-// (variant 3) caps registers at 128 for 256 threads. Beware 1: ptxas then takes up to 255
-// (BK5 n = 8: 240 registers, 25% slower on an H100).
+// Shared memory is dynamic (opted in above 48 KB): per element 3N³ words (BK5), 3Q³
+// (stiffness). MINB is __launch_bounds__' minimum of resident blocks: 0 leaves ptxas its own
+// register heuristic; 2 caps registers at 128 for 256 threads. Not 1: ptxas then takes up to
+// 255 registers, and occupancy falls with it. BK5 variants 4-7 add the options of
+// collocated_stage (constant-memory operator matrices, register rows of D, G prefetch); see
+// launch_bk5 below.
 
 extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 
@@ -233,13 +130,13 @@ extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 #define JAXSEM_REAL double
 #endif
 
-// Variants 4 and 5 read the operator matrices where every thread of a warp wants the same entry
+// Variants 4 and up read the operator matrices where every thread of a warp wants the same entry
 // (the contractions along k, done in registers) from constant memory: with the loops unrolled the
 // index is a compile-time constant and the entry is an operand of the FMA, where variants 2/3
-// spend one shared-memory wavefront on each (Nsight Compute, H100, p = 7: the L1/shared pipe at
-// 76% (mass) and 81-87% (BK3) of its peak, the FP64 pipe at 20%). One slot per order n, so
-// launches of different orders never share one: the host copies the matrices in (device to device,
-// on the kernel's stream, so in stream order) before each launch.
+// spend one shared-memory wavefront on each (the L1/shared pipe, not the FP64 pipe, is what
+// limits the Gauss kernels). One slot per order n, so launches of different orders never share
+// one: the host copies the matrices in (device to device, on the kernel's stream, so in stream
+// order) before each launch.
 // BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
 __host__ __device__ constexpr int ops_words(int n) {
 #if defined(JAXSEM_OP_BK5)
@@ -257,14 +154,14 @@ __constant__ JAXSEM_REAL c_ops[ops_offset(17)];
 
 constexpr int OPT_CONST = 1, OPT_ROWS = 2, OPT_PREFETCH = 4;
 
-// Bit of the FFI attribute "variant" that turns prefetch_block on (cuda_kernels.PREFETCH_L2).
+// Bit of the FFI attribute "variant" that turns prefetch_block on (cuda.PREFETCH_L2).
 constexpr int PREFETCH_L2 = 64;
 
-// L2 prefetch at block start (sm_90 bulk prefetch, a hint: no registers, no shared memory). The
-// kernels below wait on their global loads (Nsight Compute, H100: the long scoreboard is the top
-// stall at 25-37.5% occupancy), most of them the geometric factors read slice by slice inside a
-// stage and the next component's u. Thread f < F asks L2 for factor f of the block's EB elements
-// (each a contiguous range), thread F + c for component c of u; the loads then hit L2.
+// L2 prefetch at block start (sm_90 bulk prefetch, a hint: no registers, no shared memory). At
+// low occupancy the kernels below stall on their global loads, most of them the geometric factors
+// read slice by slice inside a stage and the next component's u. Thread f < F asks L2 for factor
+// f of the block's EB elements (each a contiguous range), thread F + c for component c of u; the
+// loads then hit L2.
 __device__ __forceinline__ void l2_prefetch(const void* p, int64_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -536,38 +433,8 @@ __host__ __device__ constexpr int stiffness_region() {
   return 3 * Q * Q * Q > mass_region<N, Q>() ? 3 * Q * Q * Q : mass_region<N, Q>();
 }
 
-template <int N, int Q, typename T, int MINB, int OPT>
-__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
-mass_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ J,
-                    const T* __restrict__ B, T* __restrict__ w) {
-  constexpr int EB = elements_per_block<Q>();
-  constexpr int64_t n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
-  T* sJ = reinterpret_cast<T*>(jaxsem_smem);
-  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
-  T* A = sJ + Q * N + z * mass_region<N, Q>();
-  T* Bf = A + N * N * Q;
-  prefetch_block<EB>(l2, a + Q * (b + Q * z), E, C, u, n3, B, 1, 0, q3);
-  for (int t = a + Q * (b + Q * z); t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
-  const int64_t e = int64_t(blockIdx.x) * EB + z;
-  const bool active = e < E;
-  const int64_t ee = active ? e : 0;
-  for (int c = 0; c < C; ++c) {
-    T rx[Q];
-    if constexpr ((OPT & OPT_CONST) != 0)
-      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
-    else
-      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
-    const T* Bq = B + ee * q3 + b * Q + a;
-#pragma unroll
-    for (int k = 0; k < Q; ++k) rx[k] *= active ? Bq[k * q2] : T(0);
-    if constexpr ((OPT & OPT_CONST) != 0)
-      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
-    else
-      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
-  }
-}
-
-template <int N, int Q, typename T, int MINB, int OPT>
+// BK3/BK4 variants 2 (MINB 0) and 3 (MINB 2): operator matrices from shared memory.
+template <int N, int Q, typename T, int MINB>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 stiffness_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ J,
                          const T* __restrict__ Dq, const T* __restrict__ G, T* __restrict__ w) {
@@ -596,36 +463,25 @@ stiffness_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, con
   const int64_t gstride = E * q3;
   for (int c = 0; c < C; ++c) {
     T rx[Q], rw[Q];
-    if constexpr ((OPT & OPT_CONST) != 0)
-      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rx);
-    else
-      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
+    forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
     __syncthreads();  // forward's reads of Bf done before X overwrites the region
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
     const T* g = G + ee * q3 + b * Q + a;
-    if constexpr ((OPT & OPT_CONST) != 0) {
-      collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, g, gstride, active, a, b,
-                                   GR, GS, rw);
-      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, ConstOps<ops_offset(N)>{}, A, Bf, rw);
-    } else {
-      collocated_stage<Q, T, OPT>(X, rx, sD, sDt, static_cast<const T*>(sD), g, gstride, active, a, b, GR, GS,
-                                    rw);
-      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rw);
-    }
+    collocated_stage<Q, T, 0>(X, rx, sD, sDt, static_cast<const T*>(sD), g, gstride, active, a, b, GR, GS, rw);
+    back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rw);
   }
 }
 
-// ================================================================ mass by lines (variant 8)
-// The element kernels above contract two of the three directions through shared memory: every
+// ================================================================ Gauss kernels by lines (8-11)
+// The element kernel above contracts two of the three directions through shared memory: every
 // output point reads a whole row of its input from shared memory (N or Q loads per point and
-// direction), which keeps the L1/shared pipe at 73-87% of its peak on an H100 (ncu). Here each
-// thread owns a whole line of the direction being contracted, so every contraction runs in
-// registers with J as constant-memory operands, and shared memory only transposes between the
-// stages: each value is stored once and loaded once (4 transposes plus staging u in and w out,
-// against 2·(N + Q) loads per point). Rows are padded to odd lengths, so a warp's threads reading
-// their own lines hit distinct banks.
+// direction), which keeps the L1/shared pipe busy. Here each thread owns a whole line of the
+// direction being contracted, so every contraction runs in registers with J as constant-memory
+// operands, and shared memory only transposes between the stages: each value is stored once and
+// loaded once (4 transposes plus staging u in and w out, against 2·(N + Q) loads per point). Rows
+// are padded to odd lengths, so a warp's threads reading their own lines hit distinct banks.
 //   phase 1  (j, k) owns u[k][j][:]   -> X1[k][j][a]   (N² threads)
 //   phase 2  (a, k) owns X1[k][:][a]  -> X2[k][b][a]   (QN)
 //   phase 3  (a, b) owns X2[:][b][a]  -> V = B·X3, Y2[k][b][a] = Σ_c J[c][k] V[c][b][a]   (Q²)
@@ -672,8 +528,8 @@ __device__ __forceinline__ void cmul_t(const JAXSEM_REAL (&in)[R], JAXSEM_REAL (
 }
 
 // The phases below (and in collocated_lines) repeat one pattern: load a line, contract it, store
-// it. A shared helper for it changed ptxas' register allocation and cost up to 2.5x at some orders
-// on the H100 (NOTES_speed.md, session 5), so they stay written out.
+// it. A shared helper for it changed ptxas' register allocation and cost up to 2.5x at some
+// orders, so they stay written out.
 // Forward interpolation by lines: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a] for thread
 // t = a + Q·b of the Q² threads of an element (phases 1-3 above). A: lines_a_words, S:
 // lines_b_words of this element's shared memory. Barriers inside; on return A and S are free.
@@ -820,11 +676,9 @@ stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict_
 // and the j-line (a', k); shared memory only carries values between owners (each value stored
 // once and loaded once per hand-over: 15 M³ words per element against (4M + 4) M³ for
 // collocated_stage), D as constant-memory operands at OFFD. Four barriers instead of one, and more
-// registers: on an H100 it beat collocated_stage for BK5 only at p = 6 and 9, and BK3 with it
-// (interpolations and collocated stage all by lines) never beat variant 8 — that kernel was
-// removed (measured: experiments/results/cuda_coll_lines_h100.json, code at commit bb73224). P0…P3: four buffers of
-// coll_words<M>() words; on entry P0 holds x as [k][b][a] (rows of odd length, coll_index) and a
-// barrier has passed; x[] is thread t's k-line. On return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)(k, b, a).
+// registers. P0…P3: four buffers of coll_words<M>() words; on entry P0 holds x as [k][b][a] (rows
+// of odd length, coll_index) and a barrier has passed; x[] is thread t's k-line. On return
+// rw[k] = (Σ_ab D_aᵀ G_ab D_b x)(k, b, a).
 template <int M>
 __host__ __device__ constexpr int coll_words() { return M * M * odd_len(M); }
 
@@ -941,131 +795,105 @@ void allow_smem(K kernel, size_t bytes) {
   if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
-// Variants 2-7 of the whole-element kernels: MINB (0: ptxas' own register choice; 2: capped for
-// two blocks per multiprocessor) and OPT (collocated_stage) as template arguments.
-//   2: (0, -)  3: (2, -)  4: (0, all)  5: (2, all)  6: (0, CONST)  7: (2, CONST)
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+// Each launch_* runs one variant of its operator at order N (cuda.VARIANTS lists them; the
+// `case` labels below are the variants that exist) and returns false for any other number.
+// MINB is __launch_bounds__' minimum of resident blocks (0: ptxas' own register choice), OPT the
+// options of collocated_stage.
 constexpr int OPT_ALL = OPT_CONST | OPT_ROWS | OPT_PREFETCH;
 
-template <int MINB, int OPT, typename F>
-void by_variant(F&& launch) {
-  launch(std::integral_constant<int, MINB>{}, std::integral_constant<int, OPT>{});
-}
-
-template <typename F>
-void element_variant(int variant, F&& launch) {
-  switch (variant) {
-    case 3: by_variant<2, 0>(launch); break;
-    case 4: by_variant<0, OPT_ALL>(launch); break;
-    case 5: by_variant<2, OPT_ALL>(launch); break;
-    case 6: by_variant<0, OPT_CONST>(launch); break;
-    case 7: by_variant<2, OPT_CONST>(launch); break;
-    default: by_variant<0, 0>(launch); break;
-  }
-}
-
 template <int N, typename T>
-void launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T* G, T* w) {
+bool launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T* G, T* w) {
   constexpr int EB = elements_per_block<N>();
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant == 1) {
-    bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
-    return;
-  }
-  if (variant >= 4) copy_ops(D, N * N, ops_offset(N), L.stream);
-  if (variant == 8 || variant == 10) {  // collocated stage by lines; 10: capped for two blocks
-    const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
-    auto kernel = variant == 10 ? bk5_lines_kernel<N, 2> : bk5_lines_kernel<N, 0>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, G, w);
-    return;
-  }
-  const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
-  element_variant(variant, [&](auto minb, auto opt) {
+  auto element = [&](auto minb, auto opt) {  // whole element per stage (bk5_element_kernel)
+    if constexpr ((decltype(opt)::value & OPT_CONST) != 0) copy_ops(D, N * N, ops_offset(N), L.stream);
+    const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
     auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w);
-  });
+  };
+  auto lines = [&](auto minb) {  // collocated stage by lines (bk5_lines_kernel)
+    copy_ops(D, N * N, ops_offset(N), L.stream);
+    const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
+    auto kernel = bk5_lines_kernel<N, decltype(minb)::value>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, G, w);
+  };
+  switch (variant) {
+    case 1:  // one k-slice per step (bk5_kernel; no L2 prefetch)
+      bk5_kernel<N, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, D, G, w);
+      return true;
+    case 2: element(Int<0>{}, Int<0>{}); return true;
+    case 4: element(Int<0>{}, Int<OPT_ALL>{}); return true;
+    case 5: element(Int<2>{}, Int<OPT_ALL>{}); return true;
+    case 6: element(Int<0>{}, Int<OPT_CONST>{}); return true;
+    case 7: element(Int<2>{}, Int<OPT_CONST>{}); return true;
+    case 8: lines(Int<0>{}); return true;
+    case 10: lines(Int<2>{}); return true;
+    default: return false;
+  }
 }
 
 template <int N, typename T>
-void launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const T* B, T* w) {
+bool launch_mass(const Launch<T>& L, int variant, const T* u, const T* J, const T* B, T* w) {
   constexpr int Q = N + 1;
   constexpr int EB = elements_per_block<Q>();
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant == 1) {
-    mass_kernel<N, Q, T><<<grid, block, 0, L.stream>>>(L.E, L.C, u, J, B, w);
-    return;
-  }
-  if (variant >= 4) copy_ops(J, Q * N, ops_offset(N), L.stream);
-  if (variant >= 8) {  // lines; registers capped for 9: three, 10: four blocks per multiprocessor
+  auto lines = [&](auto minb) {  // interpolations by lines (mass_lines_kernel)
+    copy_ops(J, Q * N, ops_offset(N), L.stream);
     const size_t smem = sizeof(T) * EB * (lines_a_words<N, Q>() + lines_b_words<N, Q>());
-    auto kernel = variant == 9    ? mass_lines_kernel<N, Q, 3>
-                  : variant == 10 ? mass_lines_kernel<N, Q, 4>
-                                  : mass_lines_kernel<N, Q, 0>;
+    auto kernel = mass_lines_kernel<N, Q, decltype(minb)::value>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, B, w);
-    return;
+  };
+  switch (variant) {
+    case 8: lines(Int<0>{}); return true;
+    case 9: lines(Int<3>{}); return true;   // registers capped for three blocks per multiprocessor
+    case 10: lines(Int<4>{}); return true;  // four blocks
+    default: return false;
   }
-  const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
-  element_variant(variant, [&](auto minb, auto opt) {
-    // only OPT_CONST applies to the mass (no collocated stage): 4 ≡ 6 and 5 ≡ 7
-    auto kernel = mass_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value & OPT_CONST>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, J, B, w);
-  });
 }
 
 template <int N, typename T>
-void launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, const T* Dq, const T* G,
-                      T* w) {
-  constexpr int Q = N + 1;  // variants 2-5 only (cuda_kernels.py rejects 1)
+bool launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, const T* Dq, const T* G, T* w) {
+  constexpr int Q = N + 1;
   constexpr int EB = elements_per_block<Q>();
   dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
-  if (variant >= 4) {
-    copy_ops(J, Q * N, ops_offset(N), L.stream);
-    copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
-  }
-  if (variant >= 8) {  // lines; 9: registers capped for three blocks per multiprocessor
-    constexpr int lines = lines_a_words<N, Q>() + lines_b_words<N, Q>();
-    constexpr int region = 3 * Q * Q * Q > lines ? 3 * Q * Q * Q : lines;
-    const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
-    // 11: D rows in registers, capped for two blocks (10, the same with ptxas' own choice, took
-    // 246 registers at n = 8 and lost at most orders: cuda_rows_h100.json; dropped)
-    constexpr int ROWS = OPT_CONST | OPT_ROWS;
-    auto kernel = variant == 9    ? stiffness_lines_kernel<N, Q, 3>
-                  : variant == 11 ? stiffness_lines_kernel<N, Q, 2, ROWS>
-                                  : stiffness_lines_kernel<N, Q, 0>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w);
-    return;
-  }
-  const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
-  element_variant(variant, [&](auto minb, auto opt) {
-    auto kernel = stiffness_element_kernel<N, Q, T, decltype(minb)::value, decltype(opt)::value>;
+  auto element = [&](auto minb) {  // whole element per stage (stiffness_element_kernel)
+    const size_t smem = sizeof(T) * (Q * N + 2 * Q * Q + EB * stiffness_region<N, Q>());
+    auto kernel = stiffness_element_kernel<N, Q, T, decltype(minb)::value>;
     allow_smem(kernel, smem);
     kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, J, Dq, G, w);
-  });
+  };
+  auto lines = [&](auto minb, auto opt) {  // interpolations by lines (stiffness_lines_kernel)
+    copy_ops(J, Q * N, ops_offset(N), L.stream);
+    copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
+    constexpr int words = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+    constexpr int region = 3 * Q * Q * Q > words ? 3 * Q * Q * Q : words;
+    const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
+    auto kernel = stiffness_lines_kernel<N, Q, decltype(minb)::value, decltype(opt)::value>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w);
+  };
+  switch (variant) {
+    case 2: element(Int<0>{}); return true;
+    case 3: element(Int<2>{}); return true;
+    case 8: lines(Int<0>{}, Int<OPT_CONST>{}); return true;
+    case 9: lines(Int<3>{}, Int<OPT_CONST>{}); return true;              // capped for three blocks
+    case 11: lines(Int<2>{}, Int<OPT_CONST | OPT_ROWS>{}); return true;  // D rows in registers, two blocks
+    default: return false;
+  }
 }
 
-#define JAXSEM_SWITCH_N(n, CALL)                                                 \
-  switch (n) {                                                                   \
-    case 2: CALL(2); break;                                                      \
-    case 3: CALL(3); break;                                                      \
-    case 4: CALL(4); break;                                                      \
-    case 5: CALL(5); break;                                                      \
-    case 6: CALL(6); break;                                                      \
-    case 7: CALL(7); break;                                                      \
-    case 8: CALL(8); break;                                                      \
-    case 9: CALL(9); break;                                                      \
-    case 10: CALL(10); break;                                                    \
-    case 11: CALL(11); break;                                                    \
-    case 12: CALL(12); break;                                                    \
-    case 13: CALL(13); break;                                                    \
-    case 14: CALL(14); break;                                                    \
-    case 15: CALL(15); break;                                                    \
-    case 16: CALL(16); break;                                                    \
-    default: return ffi::Error::InvalidArgument("jaxsem cuda: n must be in 2..16"); \
-  }
+#if !defined(JAXSEM_OP_GS)
+#ifndef JAXSEM_N
+#error "define JAXSEM_N (n = p + 1, 2..16): each element-kernel library holds one order"
+#endif
+static_assert(JAXSEM_N >= 2 && JAXSEM_N <= 16, "JAXSEM_N must be in 2..16");
+#endif
 
 // u, w: (C, E, n, n, n) — C and E from the shape, n its last dimension.
 struct Shape {
@@ -1082,12 +910,14 @@ ffi::Error shape_of(const ffi::AnyBuffer& u, Shape& s) {
   return ffi::Error::Success();
 }
 
-ffi::Error finish() {
+ffi::Error finish(bool launched) {
+  if (!launched) return ffi::Error::InvalidArgument("jaxsem cuda: this operator has no such variant");
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return ffi::Error::Internal(cudaGetErrorString(err));
   return ffi::Error::Success();
 }
 
+#if defined(JAXSEM_N)
 template <typename T>
 ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& D,
                      const ffi::AnyBuffer& G, ffi::Result<ffi::AnyBuffer>& w) {
@@ -1097,10 +927,7 @@ ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::An
   auto pD = static_cast<const T*>(D.untyped_data());
   auto pG = static_cast<const T*>(G.untyped_data());
   auto pw = static_cast<T*>(w->untyped_data());
-#define CALL(N) launch_bk5<N, T>(L, variant, pu, pD, pG, pw)
-  JAXSEM_SWITCH_N(s.n, CALL)
-#undef CALL
-  return finish();
+  return finish(launch_bk5<JAXSEM_N, T>(L, variant, pu, pD, pG, pw));
 }
 
 template <typename T>
@@ -1112,10 +939,7 @@ ffi::Error mass_typed(cudaStream_t st, int variant, const Shape& s, const ffi::A
   auto pJ = static_cast<const T*>(J.untyped_data());
   auto pB = static_cast<const T*>(B.untyped_data());
   auto pw = static_cast<T*>(w->untyped_data());
-#define CALL(N) launch_mass<N, T>(L, variant, pu, pJ, pB, pw)
-  JAXSEM_SWITCH_N(s.n, CALL)
-#undef CALL
-  return finish();
+  return finish(launch_mass<JAXSEM_N, T>(L, variant, pu, pJ, pB, pw));
 }
 
 template <typename T>
@@ -1129,11 +953,9 @@ ffi::Error stiffness_typed(cudaStream_t st, int variant, const Shape& s, const f
   auto pDq = static_cast<const T*>(Dq.untyped_data());
   auto pG = static_cast<const T*>(G.untyped_data());
   auto pw = static_cast<T*>(w->untyped_data());
-#define CALL(N) launch_stiffness<N, T>(L, variant, pu, pJ, pDq, pG, pw)
-  JAXSEM_SWITCH_N(s.n, CALL)
-#undef CALL
-  return finish();
+  return finish(launch_stiffness<JAXSEM_N, T>(L, variant, pu, pJ, pDq, pG, pw));
 }
+#endif
 
 constexpr ffi::DataType real_type() {
   return sizeof(JAXSEM_REAL) == 8 ? ffi::DataType::F64 : ffi::DataType::F32;
@@ -1143,6 +965,9 @@ ffi::Error check(const ffi::AnyBuffer& u, Shape& s) {
   if (auto err = shape_of(u, s); err.failure()) return err;
   if (u.element_type() != real_type())
     return ffi::Error::InvalidArgument("jaxsem cuda: this library was built for another dtype");
+#if defined(JAXSEM_N)
+  if (s.n != JAXSEM_N) return ffi::Error::InvalidArgument("jaxsem cuda: this library was built for another n");
+#endif
   return ffi::Error::Success();
 }
 
@@ -1229,7 +1054,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
       c += 1;
     }
   }
-  return finish();
+  return finish(true);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
@@ -1238,8 +1063,9 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 
 }  // namespace
 
-// One handler per library: cuda_kernels.build() compiles this file once per operator and
-// dtype (-DJAXSEM_OP_BK5|MASS|STIFFNESS -DJAXSEM_REAL=double|float), in parallel.
+// One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
+// and (element kernels) order: -DJAXSEM_OP_BK5|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
+// -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
