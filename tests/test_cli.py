@@ -113,6 +113,12 @@ BAD = [
     (["solve", "poisson", "--bogus"], "--bogus"),
     (["solve", "maxwell", "--backend", "einsum"], "--backend"),
     (["solve", "poisson", "--backend", "fused"], "--backend"),
+    (["solve", "poisson", "--elements", "1000"], "--elements"),  # ~1e5 GB: refused before building
+    (["solve", "maxwell", "--elements", "800", "--order", "9"], "--elements"),
+    (["bench", "bp5", "--elements", "1000"], "--elements"),
+    (["solve", "poisson", "--devices", "0"], "--devices"),
+    (["solve", "poisson", "--devices", "4096"], "--devices"),
+    (["solve", "poisson", "--transport", "shard"], "--transport"),  # applies under mpirun only
 ]
 if not cuda_available():  # CPU machines: a clear error before any JAX work
     BAD += [(["solve", "poisson", "--backend", "cuda"], "--backend"), (["bench", "bk5", "--backend", "cuda"], "--backend")]

@@ -38,3 +38,22 @@ def test_two_processes_equal_serial():
         assert it_d == it_s > 0
     assert res["grad_f_err"] < 1e-11
     assert res["advection_err"] < 1e-12 and res["maxwell_rhs_err"] < 1e-12
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="no mpirun")
+def test_cli_transport_shard_two_processes():
+    """`mpirun -n 2 jaxsem solve poisson --transport shard`: one JSON from process 0, the serial numbers."""
+    pytest.importorskip("mpi4py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "MV2_"))}
+    env.update(JAX_PLATFORMS="cpu")
+    args = ["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--json", "-q"]
+    proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, "-m", "jaxsem"] + args + ["--transport", "shard"],
+                          env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout
+    r = json.loads(lines[0])
+    ref = json.loads(subprocess.run([sys.executable, "-m", "jaxsem"] + args, env=env, text=True,
+                                    capture_output=True, timeout=300).stdout)
+    assert (r["transport"], r["devices"], r["ranks"]) == ("shard", 2, 2)
+    assert r["iterations"] == ref["iterations"] and r["error_l2"] == pytest.approx(ref["error_l2"], rel=1e-10)

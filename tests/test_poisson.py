@@ -130,3 +130,43 @@ def test_error_norms_at_the_highest_orders(order):
     u = sem.mask * sem.interpolate(ms.u)
     l2, linf = poisson.relative_errors(sem, u, ms.u)
     assert l2 < 1e-9 and linf < 1e-12
+
+
+def _small(bp=3):
+    return poisson.bp_discretize(box_mesh((2, 1, 1), 2, deform=0.1), bp)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(h1=jnp.ones((2, 2, 2, 2))), "h1"),                      # neither per element nor per point
+    (dict(h2=jnp.ones((3,))), "h2"),
+    (dict(h1=float("nan")), "h1"),
+    (dict(h1=-1.0), "h1"),
+    (dict(h1=0.0, h2=0.0), "h1 and h2"),
+])
+def test_bad_coefficients_named_before_the_solve(kw, name):
+    sem = _small()
+    with pytest.raises(ValueError, match=name):
+        poisson.solve(sem, poisson.manufactured(3).f, **kw)
+
+
+def test_bad_source_named():
+    sem = _small()
+    q = sem.geom.B.shape[-1]
+    f = np.ones((sem.num_elements, q, q, q))
+    f[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="f has 1 non-finite"):
+        poisson.solve(sem, f)
+    with pytest.raises(ValueError, match="f must be a callable"):
+        poisson.solve(sem, np.ones((sem.num_elements, q, q)))
+
+
+def test_per_element_and_per_point_coefficients_accepted():
+    sem = _small()
+    E, q = sem.num_elements, sem.geom.B.shape[-1]
+    f = poisson.manufactured(3).f
+    u1, i1 = poisson.solve(sem, f, h1=2.0)
+    u2, i2 = poisson.solve(sem, f, h1=jnp.full((E, 1, 1, 1), 2.0))
+    u3, i3 = poisson.solve(sem, f, h1=jnp.full((E, q, q, q), 2.0))
+    assert bool(i1.converged) and bool(i2.converged) and bool(i3.converged)
+    np.testing.assert_allclose(u2, u1, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(u3, u1, rtol=0, atol=1e-12)

@@ -78,3 +78,23 @@ def test_sharded_dg_equals_serial(results, P):
         assert res[f"advection_{schedule}_err"] < 1e-12, res
         assert res[f"advection_{schedule}_dummies_zero"], res
     assert res["maxwell_rhs_err"] < 1e-12, res
+
+
+def test_cli_devices_equals_serial():
+    """`jaxsem solve ... --devices 2` (forced CPU devices) reports the serial run's numbers."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = {}
+    for problem, extra in (("poisson", []), ("advection", ["--t-final", "0.05"])):
+        for devices in ("1", "2"):
+            argv = [sys.executable, "-m", "jaxsem", "solve", problem, "--order", "3", "--elements", "3", "2", "2",
+                    "--devices", devices, "--json", "-q"] + extra
+            proc = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            out[problem, devices] = json.loads(proc.stdout)
+    for problem in ("poisson", "advection"):
+        one, two = out[problem, "1"], out[problem, "2"]
+        assert (one["transport"], one["devices"]) == ("serial", 1)
+        assert (two["transport"], two["devices"]) == ("shard", 2)
+        assert two["error_l2"] == pytest.approx(one["error_l2"], rel=1e-10)
+    assert out["poisson", "2"]["iterations"] == out["poisson", "1"]["iterations"]
+    assert out["advection", "2"]["steps"] == out["advection", "1"]["steps"]

@@ -59,8 +59,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), no usage dump."""
 
     def error(self, message):
+        from ..parallel.comm import launcher_rank
+
         msg = " ".join(str(message).split())
-        sys.stderr.write(f"{self.prog}: error: {msg}\n")
+        if launcher_rank() in (None, 0):  # under mpirun: one message, every rank exits 2
+            sys.stderr.write(f"{self.prog}: error: {msg}\n")
         sys.exit(2)
 
 
@@ -164,6 +167,38 @@ def _validate_devices(args, fail) -> None:
         fail(f"argument --devices: {args.devices} asked, JAX sees {jax.device_count()}{hint}")
 
 
+def _memory_limits() -> tuple[int, int | None]:
+    """(host RAM, memory of one device or None if JAX does not say), in bytes."""
+    import jax
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return host, stats.get("bytes_limit")
+
+
+def _validate_memory(args, fail) -> None:
+    """Refuse a mesh that cannot fit before building it (an estimate, see memory_bytes)."""
+    from ..discretization import memory_bytes
+
+    E = math.prod(args.elements)
+    problem = getattr(args, "problem", "poisson")
+    if problem in ("maxwell", "advection"):
+        q, components = args.order + 1, 6 if problem == "maxwell" else 1
+    else:  # a bake-off problem: BPk / BKk, k odd scalar, even 3-vector; 1-4 Gauss, 5-6 GLL
+        k = getattr(args, "bp", None) or int(problem[-1]) if problem[-1:].isdigit() else 5
+        q, components = args.order + (1 if k >= 5 else 2), 3 if k % 2 == 0 else 1
+    need = memory_bytes(E, args.order, q, components, 4 if args.dtype == "float32" else 8)
+    devices = max(1, getattr(args, "devices", None) or 1)
+    host, device = _memory_limits()
+    gb = lambda b: f"{b / 1e9:.3g} GB"
+    if device is not None and need / devices > device:
+        fail(f"argument --elements: {E} elements of order {args.order} need about {gb(need / devices)} "
+             f"per device, the device has {gb(device)}")
+    if 2 * need > host:  # the host builds the mesh, numbering and plans before they move to devices
+        fail(f"argument --elements: {E} elements of order {args.order} need about {gb(2 * need)} of host "
+             f"memory to build, this machine has {gb(host)}")
+
+
 def _validate(parser: _Parser, args) -> None:
     """Range checks argparse cannot do; one-line error and exit 2 on failure."""
     fail = parser.commands[args.command].error
@@ -179,6 +214,7 @@ def _validate(parser: _Parser, args) -> None:
         fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
     if not (math.isfinite(args.deform) and abs(args.deform) < MAX_DEFORM):
         fail(f"argument --deform: must satisfy |deform| < {MAX_DEFORM}, got {args.deform}")
+    _validate_memory(args, fail)
     if getattr(args, "backend", None) == "cuda":
         from ..backends.cuda import cuda_available
         if not cuda_available():
@@ -311,15 +347,23 @@ def _env() -> dict:
                 ranks=ranks, jax_version=d["jax_version"], jaxsem_version=_version())
 
 
+def _reporter() -> bool:
+    """Whether this process prints the result: process 0 of a multi-controller run, MPI rank 0."""
+    import jax
+
+    from ..parallel.comm import get_comm
+
+    return jax.process_index() == 0 if jax.process_count() > 1 else get_comm().rank == 0
+
+
 def _placement(args) -> dict:
     """Where the run's elements live: ``dict(comm=...)`` (serial, MPI) or ``dict(devices=...)``."""
     import jax
 
-    from ..parallel.comm import get_comm, init_distributed, launcher_size
+    from ..parallel.comm import get_comm, launcher_size
 
     if (launcher_size() or 1) > 1 and args.transport == "shard":
-        init_distributed()
-        return dict(devices=jax.devices())
+        return dict(devices=jax.devices())  # every process's (main called init_distributed)
     if args.devices not in (None, 1):
         return dict(devices=args.devices)
     return dict(comm=get_comm())
@@ -471,6 +515,10 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:  # the default demonstration solve
             args = parser.parse_args(["solve", "poisson"])
+        if getattr(args, "transport", None) == "shard":
+            from ..parallel.comm import init_distributed
+
+            init_distributed()  # under a launcher: before anything asks JAX for its devices
         _validate(parser, args)
     except SystemExit as e:  # argparse errors (2), --help / --version (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
@@ -479,7 +527,9 @@ def main(argv=None) -> int:
 
     from ..parallel.comm import get_comm
 
-    quiet = getattr(args, "quiet", False) or args.command == "info"
+    from ..parallel.comm import launcher_rank
+
+    quiet = getattr(args, "quiet", False) or args.command == "info" or launcher_rank() not in (None, 0)
     log = (lambda m: None) if quiet else (lambda m: print(f"jaxsem: {m}", file=sys.stderr, flush=True))
 
     with _stdout_to_stderr() as out:
@@ -526,7 +576,7 @@ def main(argv=None) -> int:
             result.update(_env())
             text = _report_bench(result)
             code = 0
-    if args.command == "info" or (jax.process_index() == 0 and get_comm().rank == 0):  # one process reports
+    if args.command == "info" or _reporter():
         if args.json:
             out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
         else:

@@ -2,8 +2,8 @@
 
 from .dg import DG, discretize_dg
 from .gather_scatter import GatherScatter, gs_apply, make_gs
-from .sem import SEM, discretize
+from .sem import SEM, discretize, memory_bytes
 from .shard import from_mesh_order, to_mesh_order
 
 __all__ = ["SEM", "discretize", "DG", "discretize_dg", "GatherScatter", "gs_apply", "make_gs",
-           "to_mesh_order", "from_mesh_order"]
+           "to_mesh_order", "from_mesh_order", "memory_bytes"]

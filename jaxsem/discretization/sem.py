@@ -25,7 +25,7 @@ from ..mesh.box import Mesh
 from ..mesh.numbering import Numbering, number_nodes
 from ..mesh.partition import partition_mesh
 
-__all__ = ["SEM", "discretize"]
+__all__ = ["SEM", "discretize", "memory_bytes"]
 
 
 @jax.tree_util.register_dataclass
@@ -213,4 +213,19 @@ def discretize(
         comm=comm,
         backend=kernels,
     )
+
+
+def memory_bytes(num_elements: int, order: int, q: int | None = None, components: int = 1,
+                 itemsize: int = 8) -> int:
+    """Device memory a discretization and a Krylov solve on it take, in bytes (an estimate).
+
+    Per element: coordinates, mask, GLL mass, inverse multiplicity and node ids on the
+    ``n = order + 1`` GLL points (7 n³ values); geometric factors, mass weights,
+    Jacobian, metric terms and coordinates on the ``q`` quadrature points (20 q³); six
+    solver vectors per component (6 c n³). Good to within a factor of about two: a
+    check before allocating, not an account.
+    """
+    n = order + 1
+    q = n if q is None else q
+    return int(num_elements) * (7 * n**3 + 20 * q**3 + 6 * components * n**3) * itemsize
 

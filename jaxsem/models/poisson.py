@@ -124,15 +124,61 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       sem: from :func:`bp_discretize` or :func:`jaxsem.discretize`.
       f: source, callable ``f(x, y, z)`` or values at quadrature points; ignored
         when ``rhs`` (an assembled E-vector) is given.
-      h1, h2: coefficients (scalars or ``(E, q, q, q)`` fields).
+      h1, h2: coefficients ≥ 0, not both zero: scalars, per element ``(E, 1, 1, 1)`` or
+        per quadrature point ``(E, q, q, q)``.
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
+    Raises ``ValueError`` naming the argument, before any solve, for a coefficient of
+    another shape, and for NaN/Inf or negative values in ``f``, ``h1``, ``h2`` or ``rhs``
+    (checked where they are concrete; traced values are flagged by ``info.breakdown``).
     The element kernels are ``sem.backend``'s. Differentiable w.r.t. f, h1, h2 and the
     geometry by one adjoint solve; with the CUDA backend the adjoint runs the kernels too
     and the one extra operator application of a derivative runs the einsum reference.
     """
+    _check_inputs(sem, f, h1, h2, rhs)
     return sem.local_map(_solve, f, h1, h2, tol, maxiter, rhs, method)
+
+
+def _concrete(a) -> bool:
+    return not isinstance(a, jax.core.Tracer)
+
+
+def _check_inputs(sem: SEM, f, h1, h2, rhs):
+    """Shapes and values of the problem data, before any tracing (errors name the argument)."""
+    q = int(sem.geom.B.shape[-1])
+    E = sem.num_elements
+    for name, h in (("h1", h1), ("h2", h2)):
+        shape = np.shape(h)
+        if shape not in ((), (E, 1, 1, 1), (E, q, q, q)):
+            raise ValueError(f"{name} must be a scalar, per element (E, 1, 1, 1) = ({E}, 1, 1, 1) or per "
+                             f"quadrature point (E, q, q, q) = ({E}, {q}, {q}, {q}); got shape {shape}")
+        if _concrete(h):
+            bad = _nonfinite(h)
+            if bad:
+                raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or Inf)")
+            with jax.ensure_compile_time_eval():
+                low = float(jnp.min(jnp.asarray(h)))
+            if low < 0:
+                raise ValueError(f"{name} must be >= 0 (the operator must be positive), got min {low:g}")
+    if _is_zero(h1) and _is_zero(h2):
+        raise ValueError("h1 and h2 are both 0: the operator h1(-Δ) + h2 vanishes")
+    if rhs is None and not callable(f):
+        if np.ndim(f) < 4 or np.shape(f)[-4:] != (E, q, q, q):
+            raise ValueError(f"f must be a callable f(x, y, z) or values at the quadrature points "
+                             f"(..., E, q, q, q) = (..., {E}, {q}, {q}, {q}); got shape {np.shape(f)}")
+    for name, a in (("f", None if callable(f) else f), ("rhs", rhs)):
+        if a is not None and _concrete(a):
+            bad = _nonfinite(a)
+            if bad:
+                raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or Inf) of {np.size(a)}")
+
+
+def _nonfinite(a) -> int:
+    """Number of NaN/Inf entries of a concrete array (one reduction where it lives)."""
+    with jax.ensure_compile_time_eval():  # concrete data inside a jit trace is checked eagerly
+        a = jnp.asarray(a)
+        return int(a.size - jnp.count_nonzero(jnp.isfinite(a))) if jnp.issubdtype(a.dtype, jnp.inexact) else 0
 
 
 def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method):

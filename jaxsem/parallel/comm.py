@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-__all__ = ["Transport", "Comm", "ShardComm", "element_specs", "init_distributed", "get_comm", "launcher_size", "local_rank", "bind_local_device",
+__all__ = ["Transport", "Comm", "ShardComm", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
            "allreduce_sum", "allreduce_max", "sendrecv"]
 
 # Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
@@ -66,6 +66,14 @@ def _int_from_env(names) -> int | None:
             except ValueError:
                 continue
     return None
+
+
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int | None:
+    """This process's rank from the launcher's environment (None without a launcher); no MPI call."""
+    return _int_from_env(_RANK_VARS) if launcher_size() is not None else None
 
 
 def local_rank() -> int | None:
