@@ -70,21 +70,20 @@ def run(args):
             spec = BK_SPECS[int(prob[2:])]
             key = (spec.quadrature, spec.dirichlet)
             if key not in sems:
-                sems = {key: discretize(mesh, spec.quadrature, spec.dirichlet, numbering=numbering)}
+                sems = {key: discretize(mesh, spec.quadrature, spec.dirichlet, backend=args.backend, numbering=numbering)}
             sem = sems[key]
             try:
                 if prob.startswith("bk"):
-                    r = bench.time_bk(spec, sem, repeats=args.repeats, impl=args.impl)
+                    r = bench.time_bk(spec, sem, repeats=args.repeats)
                 else:
-                    r = bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2),
-                                      impl=args.impl)
+                    r = bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2))
             except Exception as exc:  # out of memory at large p/size: record, go on
                 r = dict(problem=prob, order=order, error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 print(f"{prob} p={order}: {r['error']}", file=sys.stderr)
                 result["rows"].append(r)
                 continue
             r.update(elements=[m] * 3, mesh_seconds=setup_mesh)
-            bench._rates(r, bw)
+            bench.rates(r, bw)
             result["rows"].append(r)
             print(f"{prob} p={order:2d} E={m}^3 n={r['dofs']:.2e} {r['dofs_per_second']/1e9:7.3f} GDOF/s "
                   f"{r['percent_of_ceiling']:5.1f}% of ceiling  (compile {r['compile_seconds']:.1f}s)", file=sys.stderr)
@@ -134,8 +133,8 @@ def main(argv=None):
     ap.add_argument("--max-per-axis", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=6)
-    ap.add_argument("--impl", default="einsum", choices=["einsum", "auto", "pallas"],
-                    help="BK5/BK6 stiffness kernel (auto: fused Pallas on GPU)")
+    ap.add_argument("--backend", default="einsum", choices=["einsum", "auto", "cuda"],
+                    help="element kernels (auto: CUDA on GPUs, einsum elsewhere)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)

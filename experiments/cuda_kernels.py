@@ -9,7 +9,7 @@ registers, nothing padded to powers of two). This script, on one GPU:
    element count (E = 37), orders 1…15, FP64 (and FP32 against the FP64 reference),
    scalar and 3-component forms;
 3. times BK1–BK6 per order (median of ``--repeats`` samples of ``--inner`` back-to-back
-   applies, :func:`jaxsem.app.bench._time`) at E·p³ ≈ ``--target-dofs`` for ``--impls``,
+   applies, :func:`jaxsem.app.bench.time_median`) at E·p³ ≈ ``--target-dofs`` for ``--impls``,
    against the copy ceiling measured in the same run (bytes per DOF:
    :func:`jaxsem.app.bench.bytes_per_dof`). Rows are written to ``--out`` as they come.
 
@@ -228,7 +228,7 @@ def main(argv=None):
                     t1 = time.perf_counter()
                     jax.block_until_ready(fn(u, J, Dt, data))
                     compile_s = time.perf_counter() - t1
-                    _, times = bench._time(fn, (u, J, Dt, data), a.repeats, a.inner)
+                    _, times = bench.time_median(fn, (u, J, Dt, data), a.repeats, a.inner)
                     s = statistics.median(times)
                     rate = dofs / s
                     ceil = bw / bpd

@@ -12,14 +12,14 @@ Three measurements, each compiled first and timed after a warm-up (median of
    :func:`jaxsem.solvers.timestepping.integrate`): the forward loop vs
    ``value_and_grad`` of the final electric energy w.r.t. a per-element ε
    ``(E,)``, with a plain ``lax.scan`` (every step's residuals stored) and with
-   ``checkpoint_every="sqrt"`` (chunks recomputed: one more forward pass).
+   ``Checkpointing("sqrt")`` (chunks recomputed: one more forward pass).
    Reverse mode of a linear-in-q step costs ~2–3 forward steps. Each program's
    memory plan is printed first; one that would not fit in 90 % of the
    device memory is reported as skipped (loudly) instead of run.
 3. **Memory vs steps**: XLA's compiled memory plan of the RK gradient
    (``jax.jit(...).lower(...).compile().memory_analysis()``: temporaries
    ``temp_size_in_bytes``, plus arguments and outputs) for ``--memory-steps``
-   with ``checkpoint_every`` None (∝ steps) and ``"sqrt"`` (∝ √steps), and of
+   with ``Checkpointing()`` (∝ steps) and ``Checkpointing("sqrt")`` (∝ √steps), and of
    the forward loop; compiled only, never run.
 
 Output: one JSON (``--out PREFIX`` → ``PREFIX.json``, rewritten after every
@@ -67,7 +67,7 @@ def timed(fn, args, repeats: int) -> dict:
     jax.block_until_ready(fn(*args))
     first = time.perf_counter() - tic
     jax.block_until_ready(fn(*args))
-    _, times = bench._time(fn, args, repeats)
+    _, times = bench.time_median(fn, args, repeats)
     return dict(seconds=statistics.median(times), seconds_min=min(times), first_call_seconds=first,
                 repeats=repeats)
 
@@ -138,7 +138,8 @@ def maxwell_setup(args):
 
     def final(eps, q0, steps, every):
         mat = mx.material(dg, eps)
-        return ts.integrate(lambda t, q: mx.rhs(dg, mat, q, form=args.form), q0, dt, steps, checkpoint_every=every)
+        return ts.integrate(lambda t, q: mx.rhs(dg, mat, q, form=args.form), q0, dt, steps,
+                            checkpointing=ts.Checkpointing(every))
 
     def loss(eps, q0, steps, every):
         q = final(eps, q0, steps, every)
@@ -179,7 +180,7 @@ def rk_cost(args) -> dict:
     for name in ("plain", "sqrt"):
         g = out[f"gradient_{name}"]
         out[f"ratio_{name}"] = g["seconds"] / out["forward"]["seconds"] if "seconds" in g else None
-        chunk = ts.checkpoint_chunk(args.steps, None if name == "plain" else "sqrt")
+        chunk = ts.Checkpointing(None if name == "plain" else "sqrt").chunk(args.steps)
         note(f"RK: time(value_and_grad, {name}, chunk {chunk}) / time(forward) = {out[f'ratio_{name}']}")
     return out
 
@@ -189,7 +190,7 @@ def memory_vs_steps(args) -> dict:
     state_bytes = 6 * int(dg.jac.size) * dg.jac.dtype.itemsize
     rows = []
     for steps in args.memory_steps:
-        row = dict(steps=steps, chunk_sqrt=ts.checkpoint_chunk(steps, "sqrt"))
+        row = dict(steps=steps, chunk_sqrt=ts.Checkpointing("sqrt").chunk(steps))
         tic = time.perf_counter()
         fwd = jax.jit(lambda eps, q0, steps=steps: final(eps, q0, steps, None)).lower(eps, q0).compile()
         row["forward"] = memory(fwd)
@@ -228,7 +229,7 @@ def plot(result, path):
         steps = np.array([r["steps"] for r in mem["rows"]])
         for name, style in (("plain", "o-"), ("sqrt", "s-"), ("forward", "^:")):
             ax[0].loglog(steps, [r[name]["temp_size_in_bytes"] / mem["state_bytes"] for r in mem["rows"]], style,
-                         label={"plain": "gradient, plain scan", "sqrt": 'gradient, checkpoint_every="sqrt"',
+                         label={"plain": "gradient, plain scan", "sqrt": 'gradient, Checkpointing("sqrt")',
                                 "forward": "forward"}[name])
         first = lambda name: mem["rows"][0][name]["temp_size_in_bytes"] / mem["state_bytes"]
         ax[0].loglog(steps, first("plain") * steps / steps[0], "k--", lw=0.7, label="∝ steps")

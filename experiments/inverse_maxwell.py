@@ -32,7 +32,7 @@ Parameters θ: ε = exp(θ) on the inclusion (positive; the background stays 1),
 
 Objective: J(θ) = ‖d(θ) − d‖² / ‖d‖² (sum over samples, probes, components).
 Gradient: reverse mode through the whole LSERK4 ``lax.scan``
-(:func:`jaxsem.solvers.timestepping.integrate`, ``checkpoint_every="sqrt"``: √steps
+(:func:`jaxsem.solvers.timestepping.integrate`, ``Checkpointing("sqrt")``: √steps
 chunks under ``jax.checkpoint``), checked once against a central difference.
 Optimizer: optax L-BFGS with zoom line search (default) or Adam.
 
@@ -118,7 +118,8 @@ def make_forward(elements: int, order: int, t_final: float, samples: int, cfl: f
         eps = jnp.ones(dg.num_elements, dg.jac.dtype).at[inc].set(eps_inclusion)
         mat = mx.material(dg, eps)
         _, obs = ts.integrate(lambda t, q: mx.rhs(dg, mat, q, form="chain"), q0, dt, steps,
-                              checkpoint_every=checkpoint, observe=lambda q: inverse.sample(q[:3], probes))
+                              checkpointing=ts.Checkpointing(checkpoint),
+                              observe=lambda q: inverse.sample(q[:3], probes))
         return obs[k - 1:: k]
 
     info = dict(order=order, elements=elements, num_elements=dg.num_elements, inclusion_elements=inc.tolist(),
@@ -144,7 +145,8 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=10, help="optimizer iterations (default 10)")
     p.add_argument("--lr", type=float, default=0.05, help="Adam learning rate in log ε (default 0.05)")
     p.add_argument("--checkpoint", default="sqrt",
-                   help="checkpoint_every of integrate: 'sqrt' (default), 'none' or an int")
+                   help="reverse-mode chunks of integrate (Checkpointing.every): 'sqrt' (default), 'none' "
+                        "or an int >= 1")
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     p.add_argument("--out", default=None, help="output prefix: write PREFIX.json and PREFIX.png")
     p.add_argument("--no-plot", action="store_true", help="with --out, skip the PNG")
@@ -163,8 +165,9 @@ def parse(argv=None):
     elif args.checkpoint != "sqrt":
         try:
             args.checkpoint = int(args.checkpoint)
+            ts.Checkpointing(args.checkpoint)
         except ValueError:
-            p.error(f"--checkpoint must be 'sqrt', 'none' or an int, got {args.checkpoint!r}")
+            p.error(f"--checkpoint must be 'sqrt', 'none' or an int >= 1, got {args.checkpoint!r}")
     return args
 
 

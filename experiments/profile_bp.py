@@ -32,13 +32,13 @@ def main(argv=None):
     ap.add_argument("--order", type=int, default=7)
     ap.add_argument("--elements", type=int, default=36, help="elements per axis")
     ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--impl", default="auto")
+    ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"], help="element kernels")
     a = ap.parse_args(argv)
-    kind, spec = bench._check_problem(a.problem)
+    kind, spec = bench.check_problem(a.problem)
     if kind != "bp":
         raise ValueError(f"--problem must be bp1 … bp6, got {a.problem!r}")
-    sem = poisson.bp_discretize(box_mesh((a.elements,) * 3, a.order, deform=0.1), spec.number)
-    run, args = bench.bp_run(spec, sem, a.iterations, a.impl)  # what jaxsem bench times
+    sem = poisson.bp_discretize(box_mesh((a.elements,) * 3, a.order, deform=0.1), spec.number, backend=a.backend)
+    run, args = bench.bp_run(spec, sem, a.iterations)  # what jaxsem bench times
     fn = jax.jit(run).lower(*args).compile()
     jax.block_until_ready(fn(*args))
     try:
@@ -52,7 +52,7 @@ def main(argv=None):
     dt = time.perf_counter() - t0
     if cuda is not None:
         cuda.cuProfilerStop()
-    print(f"{a.problem} p={a.order} E={a.elements}^3 impl={a.impl}: {a.iterations} iterations in "
+    print(f"{a.problem} p={a.order} E={a.elements}^3 backend={sem.backend.name}: {a.iterations} iterations in "
           f"{dt * 1e3:.2f} ms (profiled run; with setup of the loop)")
 
 

@@ -128,7 +128,7 @@ class Sweep:
                 r = bench.time_bp(spec, sem, iterations=a.iterations, repeats=max(1, a.repeats // 2))
                 r["seconds_per_iteration"] = r["seconds"] / r["iterations"]
             r.update(tag, backend=r["backend"])
-            bench._rates(r, self.result["bandwidth_bytes_per_second"])
+            bench.rates(r, self.result["bandwidth_bytes_per_second"])
             msg = (f"{r['dofs_per_second'] / 1e9:8.3f} GDOF/s {r['percent_of_ceiling']:5.1f}% of ceiling "
                    f"(compile {r['compile_seconds']:.1f} s)")
         except Exception as exc:  # out of memory, a kernel that fails to compile: record, go on

@@ -32,19 +32,7 @@ from jaxsem.discretization import discretize  # noqa: E402
 from jaxsem.mesh import box_mesh  # noqa: E402
 from jaxsem.models import poisson  # noqa: E402
 
-RESULTS: dict = {}
-FAILED: list = []
-
-
-def check(name, value, ok):
-    RESULTS[name] = value
-    if not ok:
-        FAILED.append(name)
-
-
-def rel(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+from check_record import FAILED, RESULTS, check, rel  # noqa: E402
 
 
 def uneven_partition(E, P):

@@ -31,7 +31,7 @@ def _gaussian_error(N, t_final=0.25, cfl=0.5):
     """:func:`ad.solve_gaussian` without its separate compile (one compile per N: faster)."""
     dg, tr = _setup(N)
     rho = ad.spectral_radius(dg, tr, iterations=30)
-    u, _, _ = ad.simulate(dg, tr, ad.gaussian(dg.x, 0.0), t_final, cfl=cfl, rho=rho)
+    u, _, _ = ad.simulate(dg, tr, ad.gaussian(dg.x, 0.0), t_final, scheme=ad.Scheme(cfl=cfl), rho=rho)
     return ad.relative_error(dg, u, ad.gaussian(dg.x, t_final))
 
 
@@ -116,6 +116,57 @@ def test_gaussian_is_periodic_and_exact():
         ad.transport(_setup(2)[0], (1.0, 0.0))
 
 
+# ----------------------------------------------------------------------------- driver options
+
+
+def test_checkpoint_resume_and_refusal_of_other_physics(tmp_path):
+    """Resumed = uninterrupted, bit for bit; another flux, form, order or velocity is refused by name."""
+    dg, tr = _setup(3, deform=0.1)
+    u0 = ad.gaussian(dg.x, 0.0)
+    rho = ad.spectral_radius(dg, tr, iterations=30)
+    dt = 0.5 * ad.stable_dt(dg, tr, rho=rho)
+    scheme, path = ad.Scheme(dt=dt), tmp_path / "ad.npz"
+    full, _, _ = ad.simulate(dg, tr, u0, 6 * dt, scheme=scheme, rho=rho, options=ts.RunOptions(chunk_steps=2))
+    ad.simulate(dg, tr, u0, 2 * dt, scheme=scheme, rho=rho,
+                options=ts.RunOptions(chunk_steps=2, checkpoint_path=path))
+    resume = ts.RunOptions(chunk_steps=2, resume=path)
+    res, info, _ = ad.simulate(dg, tr, u0, 6 * dt, scheme=scheme, rho=rho, options=resume)
+    assert info.resumed_from == 2 and info.steps == 4
+    assert np.array_equal(np.asarray(res), np.asarray(full))
+    _, _, _, meta = ts.load_checkpoint(path, u0)
+    assert str(meta["velocity"]) == "1 0.5 0.25" and str(meta["flux"]) == "upwind" and int(meta["order"]) == 3
+    with pytest.raises(ValueError, match=r"flux = 'upwind' in the checkpoint, 'central' in this run"):
+        ad.simulate(dg, tr, u0, 6 * dt, scheme=ad.Scheme(flux="central", dt=dt), rho=rho, options=resume)
+    with pytest.raises(ValueError, match=r"form = 'split' in the checkpoint, 'conservative' in this run"):
+        ad.simulate(dg, tr, u0, 6 * dt, scheme=ad.Scheme(form="conservative", dt=dt), rho=rho, options=resume)
+    with pytest.raises(ValueError, match=r"velocity = '1 0.5 0.25' in the checkpoint, '0 0 -1' in this run"):
+        ad.simulate(dg, ad.transport(dg, (0.0, 0.0, -1.0)), u0, 6 * dt, scheme=scheme, rho=rho, options=resume)
+    dg4, tr4 = _setup(4, deform=0.1)
+    with pytest.raises(ValueError, match=r"order = 3 in the checkpoint, 4 in this run"):
+        ad.simulate(dg4, tr4, ad.gaussian(dg4.x, 0.0), 6 * dt, scheme=scheme, rho=rho, options=resume)
+    dg32 = discretize_dg(box_mesh((2, 2, 2), 3, periodic=(True,) * 3, deform=0.1), dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"dtype = 'float64' in the checkpoint, 'float32' in this run"):
+        ad.simulate(dg32, ad.transport(dg32), u0.astype(jnp.float32), 6 * dt, scheme=scheme, rho=rho,
+                    options=resume)
+
+
+def test_scheme_and_driver_arguments_are_named():
+    assert ad.Scheme().schedule == "bulk" and ad.Scheme(form="conservative").form == "conservative"
+    with pytest.raises(ValueError, match=r"Scheme\.schedule must be one of \('bulk', 'overlap'\), got 'eager'"):
+        ad.Scheme(schedule="eager")
+    with pytest.raises(ValueError, match=r"Scheme\.form must be one of \('split', 'conservative', 'chain'\)"):
+        ad.Scheme(form="weak")
+    with pytest.raises(ValueError, match=r"Scheme\.cfl must be a number in \(0, 1\]"):
+        ad.Scheme(cfl=2.0)
+    with pytest.raises(ValueError, match=r"solve_gaussian: mesh must be periodic on every axis, got periodic="):
+        ad.solve_gaussian(box_mesh((2, 2, 2), 2), 0.1)
+    with pytest.raises(ValueError, match=r"solve_gaussian: mesh must fill the box"):
+        ad.solve_gaussian(box_mesh((2, 2, 2), 2, periodic=(True,) * 3, origin=(0.0, -0.5, 0.0)), 0.1)
+    dg, tr = _setup(2)
+    with pytest.raises(ValueError, match="t_final must be a finite number >= 0, got nan"):
+        ad.simulate(dg, tr, ad.gaussian(dg.x, 0.0), float("nan"))
+
+
 # ----------------------------------------------------------------------------- CLI
 
 CLI_SMALL = ["solve", "advection", "--order", "4", "--elements", "2", "--t-final", "0.1"]
@@ -135,7 +186,7 @@ def test_cli_advection_json(capsys):
     # measured 7.03e-2 (deform 0.1 default, t = 0.1): the error vs the exact translated Gaussian
     assert 0 < r["error_l2"] < 0.1
     # the same number from the library
-    _, _, res = ad.solve_gaussian(4, (2, 2, 2), 0.1, deform=0.1)
+    _, _, res = ad.solve_gaussian(box_mesh((2, 2, 2), 4, periodic=(True,) * 3, deform=0.1), 0.1)
     assert r["error_l2"] == pytest.approx(res.error_l2, rel=1e-10)
 
 

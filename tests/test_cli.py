@@ -78,7 +78,7 @@ def test_nonconvergence_exits_1(capsys):
 
 
 def test_no_arguments_runs_default_report(capsys, monkeypatch):
-    ns = cli.build_parser().parse_args(["solve"])
+    ns = cli.build_parser().parse_args(["solve", "poisson"])
     assert (ns.problem, ns.bp, ns.order, ns.elements, ns.deform) == ("poisson", 5, 6, [3, 3, 3], 0.1)
     # Run the no-argument path at the small size (the real default takes a few seconds).
     monkeypatch.setitem(cli.DEFAULTS, "order", 4)

@@ -14,7 +14,7 @@ vacuum (two cavity modes), plus the final electric energy, as a function of
 
 Directional derivatives along random directions must match central
 differences to 1e-6 relative (measured ≤ 9e-10). A ``jax.checkpoint``-ed
-gradient (``checkpoint_every="sqrt"``) must equal the plain one to 1e-12
+gradient (``Checkpointing("sqrt")``) must equal the plain one to 1e-12
 (measured: identical to round-off), and its compiled scratch memory must grow
 like √steps while the plain one grows like steps (measured 16 → 256 steps:
 plain ×13.7, checkpointed ×2.7). ``jax.vmap`` over 16 permittivities must
@@ -57,8 +57,8 @@ def maxwell():
 
     def forward(eps, mu, q0, steps, every):
         mat = mx.material(dg, eps, mu)
-        return ts.integrate(lambda t, q: mx.rhs(dg, mat, q), q0, DT, steps, checkpoint_every=every,
-                            observe=lambda q: inverse.sample(q[:3], probes))
+        return ts.integrate(lambda t, q: mx.rhs(dg, mat, q), q0, DT, steps,
+                            checkpointing=ts.Checkpointing(every), observe=lambda q: inverse.sample(q[:3], probes))
 
     def loss(eps_e, eps_n, mu_e, q0, steps=STEPS, every=None):
         q, obs = forward(eps_e[:, None, None, None] + eps_n, mu_e, q0, steps, every)
@@ -169,8 +169,8 @@ def test_advection_initial_condition_gradient():
     probes = inverse.probe_nodes(dg.x, PROBES)
 
     def loss(u0, every):
-        u, obs = ts.integrate(lambda t, u: ad.rhs(dg, tr, u), u0, 0.02, STEPS, checkpoint_every=every,
-                              observe=lambda u: inverse.sample(u, probes))
+        u, obs = ts.integrate(lambda t, u: ad.rhs(dg, tr, u), u0, 0.02, STEPS,
+                              checkpointing=ts.Checkpointing(every), observe=lambda u: inverse.sample(u, probes))
         return jnp.sum(dg.mass * (u - target) ** 2) + jnp.sum(obs**2)
 
     vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)

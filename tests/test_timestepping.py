@@ -1,5 +1,6 @@
 """Explicit RK: empirical orders, stability radii, checkpointed grads, the guarded driver."""
 
+import dataclasses
 import os
 
 import jax
@@ -51,7 +52,7 @@ def test_lserk4_is_fourth_order_on_scalar_exponential():
 def test_checkpointed_integrate_matches_and_differentiates():
     def loss(a, every):
         f = lambda t, y: a * (A @ y)
-        return jnp.sum(ts.integrate(f, Y0, 0.01, 37, checkpoint_every=every) ** 2)
+        return jnp.sum(ts.integrate(f, Y0, 0.01, 37, checkpointing=ts.Checkpointing(every)) ** 2)
 
     v0, g0 = jax.value_and_grad(loss)(1.3, None)
     v1, g1 = jax.value_and_grad(loss)(1.3, 8)
@@ -70,48 +71,55 @@ def test_both_remat_schedules_equal_the_plain_gradient():
     Forward mode works through ``jax.checkpoint`` only (custom_vjp refuses it).
     """
 
-    def loss(a, y0, dt, every, remat):
+    def loss(a, y0, dt, checkpointing):
         f = lambda t, y: a * (A @ y) + dt * jnp.sin(y + t)
-        y, obs = ts.integrate(f, y0, dt, 37, checkpoint_every=every, remat=remat, observe=lambda y: y[0] ** 2)
+        y, obs = ts.integrate(f, y0, dt, 37, checkpointing=checkpointing, observe=lambda y: y[0] ** 2)
         return jnp.sum(y**2) + jnp.sum(obs)
 
-    vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
-    v0, g0 = vg(1.3, Y0, 0.01, None, "auto")
-    for every, remat in ((8, "checkpoint"), (8, "custom_vjp"), (36, "custom_vjp")):
-        v, g = vg(1.3, Y0, 0.01, every, remat)
+    plain, custom = ts.Checkpointing(), ts.Checkpointing(8, "custom_vjp")
+    vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)  # Checkpointing: hashable
+    v0, g0 = vg(1.3, Y0, 0.01, plain)
+    for ck in (ts.Checkpointing(8, "checkpoint"), custom, ts.Checkpointing(36, "custom_vjp")):
+        v, g = vg(1.3, Y0, 0.01, ck)
         assert float(v) == pytest.approx(float(v0), rel=1e-14)
         for a, b in zip(g, g0):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
-    batch = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None, None, None, None)), static_argnums=(3, 4))
+    batch = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None, None, None)), static_argnums=3)
     a = jnp.array([0.7, 1.3, 2.0])
-    np.testing.assert_allclose(batch(a, Y0, 0.01, 8, "custom_vjp"), batch(a, Y0, 0.01, None, "auto"), rtol=1e-12)
+    np.testing.assert_allclose(batch(a, Y0, 0.01, custom), batch(a, Y0, 0.01, plain), rtol=1e-12)
     # forward over reverse (a Hessian–vector product) needs the jax.checkpoint schedule
-    hvp = lambda every: jax.jvp(jax.grad(lambda a: loss(a, Y0, 0.01, every, "auto")), (1.3,), (1.0,))[1]
-    assert float(hvp("sqrt")) == pytest.approx(float(hvp(None)), rel=1e-12)
+    hvp = lambda ck: jax.jvp(jax.grad(lambda a: loss(a, Y0, 0.01, ck)), (1.3,), (1.0,))[1]
+    assert float(hvp(ts.Checkpointing("sqrt"))) == pytest.approx(float(hvp(plain)), rel=1e-12)
     with pytest.raises(TypeError, match="custom_vjp"):
-        jax.jvp(lambda a: loss(a, Y0, 0.01, 8, "custom_vjp"), (1.3,), (1.0,))
+        jax.jvp(lambda a: loss(a, Y0, 0.01, custom), (1.3,), (1.0,))
 
 
-def test_checkpoint_chunk_and_bad_arguments():
-    assert [ts.checkpoint_chunk(n, "sqrt") for n in (0, 1, 2, 3, 16, 17, 256)] == [None, None, None, 2, 4, 5, 16]
-    assert ts.checkpoint_chunk(37, 8) == 8 and ts.checkpoint_chunk(37, 37) is None
-    assert ts.checkpoint_chunk(37, None) is None
+def test_checkpointing_chunks_and_bad_arguments():
+    sqrt = ts.Checkpointing("sqrt")
+    assert [sqrt.chunk(n) for n in (0, 1, 2, 3, 16, 17, 256)] == [None, None, None, 2, 4, 5, 16]
+    assert ts.Checkpointing(8).chunk(37) == 8 and ts.Checkpointing(37).chunk(37) is None
+    assert ts.Checkpointing().chunk(37) is None and ts.Checkpointing(np.int64(8)).every == 8
+    assert ts.Checkpointing(8) == ts.Checkpointing(8, "auto") and len({sqrt, ts.Checkpointing("sqrt")}) == 1
     for bad in ("log", 0, -2, 2.5, True):
-        with pytest.raises(ValueError, match="checkpoint_every"):
-            ts.integrate(f_lin, Y0, 0.1, 10, checkpoint_every=bad)
-    with pytest.raises(ValueError, match="remat"):
-        ts.integrate(f_lin, Y0, 0.1, 10, checkpoint_every=2, remat="scan")
+        with pytest.raises(ValueError, match=r"Checkpointing\.every must be None, 'sqrt' or an int >= 1, got"):
+            ts.Checkpointing(bad)
+    with pytest.raises(ValueError, match=r"Checkpointing\.remat must be one of .*'custom_vjp'.*got 'scan'"):
+        ts.Checkpointing(2, remat="scan")
+    with pytest.raises(TypeError, match="checkpointing must be a Checkpointing"):
+        ts.integrate(f_lin, Y0, 0.1, 10, checkpointing="sqrt")
+    with pytest.raises(ValueError, match="num_steps"):
+        ts.integrate(f_lin, Y0, 0.1, -1)
 
 
 def test_observe_collects_per_step():
-    y, obs = ts.integrate(f_lin, Y0, 0.1, 5, observe=lambda y: y[0], checkpoint_every=2)
+    y, obs = ts.integrate(f_lin, Y0, 0.1, 5, observe=lambda y: y[0], checkpointing=ts.Checkpointing(2))
     assert obs.shape == (5,) and float(obs[-1]) == float(y[0])
 
 
 def test_run_matches_integrate_and_chunking_is_invisible():
     y_int = ts.integrate(f_lin, Y0, 0.01, 250)
-    y1, info1 = ts.run(f_lin, Y0, 0.01, 250, chunk_steps=250)
-    y2, info2 = ts.run(f_lin, Y0, 0.01, 250, chunk_steps=33)
+    y1, info1 = ts.run(f_lin, Y0, 0.01, 250, options=ts.RunOptions(chunk_steps=250))
+    y2, info2 = ts.run(f_lin, Y0, 0.01, 250, options=ts.RunOptions(chunk_steps=33))
     assert np.array_equal(np.asarray(y1), np.asarray(y2))  # bit-identical
     assert np.allclose(y1, y_int, rtol=1e-13)
     assert info2.steps == 250 and info2.chunks == 8 and info2.t == pytest.approx(2.5)
@@ -119,7 +127,7 @@ def test_run_matches_integrate_and_chunking_is_invisible():
 
 def test_run_refuses_dt_above_limit():
     with pytest.raises(ValueError, match=r"exceeds the stable limit 0\.05"):
-        ts.run(f_lin, Y0, 0.06, 10, dt_max=0.05)
+        ts.run(f_lin, Y0, 0.06, 10, options=ts.RunOptions(dt_max=0.05))
     with pytest.raises(ValueError, match="dt must be"):
         ts.run(f_lin, Y0, -1.0, 10)
     with pytest.raises(ValueError, match="method"):
@@ -130,30 +138,67 @@ def test_run_reports_first_nonfinite_step():
     # Blows up as soon as a stage sees t >= 0.5: step 50 (t from 0.49 to 0.50) is the first bad one.
     f = lambda t, y: jnp.where(t >= 0.5 - 1e-12, jnp.nan, -y)
     with pytest.raises(ts.NonFiniteError, match=r"at step 50 \(t = 0\.5\)") as exc:
-        ts.run(f, Y0, 0.01, 200, chunk_steps=30, method="rk4")
+        ts.run(f, Y0, 0.01, 200, method="rk4", options=ts.RunOptions(chunk_steps=30))
     assert exc.value.step == 50
     # And an exponential overflow is caught too (Inf).
     with pytest.raises(FloatingPointError, match="non-finite"):
-        ts.run(lambda t, y: 800.0 * y, Y0, 0.1, 200, chunk_steps=50)
+        ts.run(lambda t, y: 800.0 * y, Y0, 0.1, 200, options=ts.RunOptions(chunk_steps=50))
 
 
 def test_checkpoint_restart_is_bit_identical(tmp_path):
     path = tmp_path / "ck.npz"
-    y_full, _ = ts.run(f_lin, Y0, 0.01, 300, chunk_steps=40)
+    opts = ts.RunOptions(chunk_steps=40, meta={"problem": "damped rotation", "order": 2})
+    y_full, _ = ts.run(f_lin, Y0, 0.01, 300, options=opts)
     # An interrupted run: 120 steps with checkpoints, then resume to 300.
-    ts.run(f_lin, Y0, 0.01, 120, chunk_steps=40, checkpoint_path=path)
+    ts.run(f_lin, Y0, 0.01, 120, options=dataclasses.replace(opts, checkpoint_path=path))
     assert path.exists() and not os.path.exists(str(path) + ".tmp")
     y_ck, t, step, meta = ts.load_checkpoint(path, Y0)
     assert step == 120 and t == pytest.approx(1.2) and str(meta["method"]) == "lserk4"
-    y_res, info = ts.run(f_lin, Y0, 0.01, 300, chunk_steps=40, resume=path)
+    assert str(meta["problem"]) == "damped rotation" and int(meta["order"]) == 2
+    y_res, info = ts.run(f_lin, Y0, 0.01, 300, options=dataclasses.replace(opts, resume=path))
     assert info.resumed_from == 120 and info.steps == 180
     assert np.array_equal(np.asarray(y_res), np.asarray(y_full))
-    with pytest.raises(ValueError, match="dt"):
-        ts.run(f_lin, Y0, 0.02, 300, resume=path)
+    # Another dt, method or caller metadata: refused, naming the key and both values.
+    resume = dataclasses.replace(opts, resume=path)
+    with pytest.raises(ValueError, match=r"dt = 0\.01 in the checkpoint, 0\.02 in this run"):
+        ts.run(f_lin, Y0, 0.02, 300, options=resume)
+    with pytest.raises(ValueError, match=r"method = 'lserk4' in the checkpoint, 'rk4' in this run"):
+        ts.run(f_lin, Y0, 0.01, 300, method="rk4", options=resume)
+    with pytest.raises(ValueError, match=r"order = 2 in the checkpoint, 3 in this run"):
+        ts.run(f_lin, Y0, 0.01, 300, options=dataclasses.replace(resume, meta={"problem": "damped rotation",
+                                                                              "order": 3}))
+    with pytest.raises(ValueError, match=r"problem = 'damped rotation' in the checkpoint, '\(none\)' in this run"):
+        ts.run(f_lin, Y0, 0.01, 300, options=ts.RunOptions(resume=path, meta={"order": 2}))
+
+
+def test_run_options_are_checked_and_hashable():
+    assert ts.RunOptions(meta={"b": 1, "a": "x"}).meta == (("a", "x"), ("b", 1))
+    assert hash(ts.RunOptions(meta={"a": 1.5})) == hash(ts.RunOptions(meta=[("a", 1.5)]))
+    assert ts.RunOptions(meta={"n": np.int64(3)}).meta == (("n", 3),)
+    for kw, msg in [
+        (dict(chunk_steps=0), r"RunOptions\.chunk_steps must be an int >= 1, got 0"),
+        (dict(chunk_steps=2.0), r"RunOptions\.chunk_steps must be an int >= 1, got 2\.0"),
+        (dict(dt_max=-1.0), r"RunOptions\.dt_max must be None or a positive finite number, got -1\.0"),
+        (dict(meta={"dt": 0.1}), r"RunOptions\.meta key 'dt' is reserved"),
+        (dict(meta={"not a key": 1}), r"RunOptions\.meta keys must be identifiers, got 'not a key'"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            ts.RunOptions(**kw)
+    for kw, msg in [
+        (dict(progress="yes"), r"RunOptions\.progress must be True or False, got 'yes'"),
+        (dict(checkpoint_path=3), r"RunOptions\.checkpoint_path must be None or a path"),
+        (dict(meta={"mesh": [1, 2]}), r"RunOptions\.meta\['mesh'\] must be a str, int, float or bool"),
+    ]:
+        with pytest.raises(TypeError, match=msg):
+            ts.RunOptions(**kw)
+    with pytest.raises(TypeError):
+        ts.RunOptions(100)  # keywords only
+    with pytest.raises(TypeError, match="options must be a RunOptions"):
+        ts.run(f_lin, Y0, 0.1, 10, options={"chunk_steps": 5})
 
 
 def test_progress_bar_on_stderr(capsys):
-    ts.run(f_lin, Y0, 0.01, 20, chunk_steps=5, progress=True, desc="unit")
+    ts.run(f_lin, Y0, 0.01, 20, options=ts.RunOptions(chunk_steps=5, progress=True, desc="unit"))
     out, err = capsys.readouterr()
     assert out == "" and "unit" in err
 

@@ -47,7 +47,7 @@ from ..solvers.pcg import pcg
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
-    "device_info", "count_dofs", "time_bk", "time_bp", "bp_operator",
+    "device_info", "count_dofs", "time_bk", "time_bp", "bp_run", "rates", "time_median", "check_problem",
 ]
 
 PROBLEMS = tuple(f"bk{k}" for k in BK_SPECS) + tuple(f"bp{k}" for k in BK_SPECS)
@@ -55,7 +55,7 @@ PROBLEMS = tuple(f"bk{k}" for k in BK_SPECS) + tuple(f"bp{k}" for k in BK_SPECS)
 
 # ----------------------------------------------------------------------------- checks
 
-def _check_problem(problem: str):
+def check_problem(problem: str):
     """``"bk5"`` → ("bk", spec)."""
     if not isinstance(problem, str) or problem.lower() not in PROBLEMS:
         raise ValueError(f"problem must be one of {', '.join(PROBLEMS)}, got {problem!r}")
@@ -123,7 +123,7 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
     bytes/DOF = words · itemsize · n³ / (c · p³). FP64, p = 7: BK5 95.5 B/DOF
     (SEEDS.md §1); BP5 298.5 B/DOF (SEEDS.md's rougher estimate is 269).
     """
-    kind, spec = _check_problem(problem)
+    kind, spec = check_problem(problem)
     order = basis.check_order(order)
     item = _check_dtype(dtype).itemsize
     n = order + 1
@@ -136,7 +136,7 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
     return float(words * item * n**3 / (c * order**3))
 
 
-def _rates(result: dict, bandwidth):
+def rates(result: dict, bandwidth):
     """Add bytes_per_dof, bytes_per_second and (with ``bandwidth``) the ceiling."""
     bpd = bytes_per_dof(result["problem"], result["order"], result["dtype"])
     result["bytes_per_dof"] = bpd
@@ -148,7 +148,7 @@ def _rates(result: dict, bandwidth):
     return result
 
 
-def _time(fn, args, repeats, inner: int = 1):
+def time_median(fn, args, repeats, inner: int = 1):
     """Time the compiled ``fn(*args)``: ``repeats`` samples of ``inner`` calls each.
 
     The ``inner`` calls of a sample are dispatched back to back and waited for
@@ -236,7 +236,7 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, 
     result.update(elements=list(ne), deform=float(deform), setup_seconds=setup)
     points, dofs = count_dofs(spec.components, order, ne)
     assert (points, dofs) == (result["points"], result["dofs"])
-    return _rates(result, bandwidth)
+    return rates(result, bandwidth)
 
 
 def _kernel_record(spec, used: str, u) -> dict:
@@ -272,7 +272,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, inner: i
     compile_s = time.perf_counter() - t0
 
     _note(progress, f"timing {repeats}x{inner} applies...")
-    _, times = _time(fn, args, repeats, inner)
+    _, times = time_median(fn, args, repeats, inner)
     seconds = statistics.median(times)
     E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
     points = E * sem.order**3
@@ -354,7 +354,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     compile_s = time.perf_counter() - t0
 
     _note(progress, f"timing {repeats} solves of {iterations} iterations...")
-    (_, info), times = _time(fn, args, repeats)
+    (_, info), times = time_median(fn, args, repeats)
     seconds = statistics.median(times)
     its = int(info.iterations)
     E = int(allreduce_sum(jnp.asarray(sem.num_elements), sem.comm))  # all ranks' elements
@@ -374,7 +374,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
 
 def bench(problem: str, order: int, elements, iterations: int = 100, **kw) -> dict:
     """Dispatch ``"bk1"``…``"bp6"`` to :func:`bench_bk` / :func:`bench_bp`."""
-    kind, spec = _check_problem(problem)
+    kind, spec = check_problem(problem)
     if kind == "bk":
         return bench_bk(spec.number, order, elements, **kw)
     return bench_bp(spec.number, order, elements, iterations=iterations, **kw)
@@ -399,7 +399,7 @@ def measure_bandwidth(nbytes: int = 2**30, repeats: int = 5, passes: int = 10, d
     sweep = lambda x: jax.lax.fori_loop(0, passes, lambda i, y: y * 0.999 + 1e-3, x)
     fn = jax.jit(sweep).lower(x).compile()
     jax.block_until_ready(fn(x))
-    _, times = _time(fn, (x,), repeats)
+    _, times = time_median(fn, (x,), repeats)
     return 2.0 * n * 4 * passes / statistics.median(times)
 
 

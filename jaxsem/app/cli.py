@@ -32,27 +32,8 @@ DEFAULTS = dict(bp=5, order=6, elements=(3, 3, 3), deform=0.1, maxiter=1000)
 DEFAULT_TOL = {"float64": 1e-10, "float32": 1e-5}
 BENCH_DEFAULTS = dict(order=7, elements=(8, 8, 8), iterations=100)
 MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
-MAXWELL_DEFAULTS = dict(t_final=0.5, flux="upwind", bc="pec", cfl=0.5, method="lserk4", vtu=None)
-MAXWELL_ARGS = {
-    "--t-final": dict(type=float, help="maxwell: final time > 0 (default 0.5)"),
-    "--flux": dict(choices=("upwind", "central"), help="maxwell: numerical flux (default upwind)"),
-    "--bc": dict(choices=("pec", "periodic"), help="maxwell: pec cavity mode or periodic plane wave (default pec)"),
-    "--cfl": dict(type=float, help="maxwell: time step as a fraction of the stable limit, 0 < cfl <= 1 (default 0.5)"),
-    "--method": dict(choices=("lserk4", "rk4", "ssprk3"), help="maxwell: time integrator (default lserk4)"),
-    "--vtu": dict(metavar="PATH", help="maxwell/advection: write the fields (E, H / u) at t_final to this .vtu file "
-                  "(under mpirun: one file per rank, PATH.rank<r>.vtu)"),
-}
-ADVECTION_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4", velocity=(1.0, 0.5, 0.25),
-                          vtu=None, schedule="bulk")
-ADVECTION_ARGS = {
-    "--velocity": dict(type=float, nargs=3, metavar="C",
-                       help="advection: constant velocity cx cy cz (default 1 0.5 0.25)"),
-    "--schedule": dict(choices=("bulk", "overlap"),
-                       help="advection under mpirun: exchange then compute (bulk, default), or compute the "
-                            "local part while the face data travel (overlap)"),
-}
-# MAXWELL_ARGS flags that 'solve advection' takes too (same meaning).
-ADVECTION_SHARED = ("--t-final", "--flux", "--cfl", "--method", "--vtu")
+PROBLEMS = ("poisson", "maxwell", "advection")
+TIME_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,31 +78,56 @@ def build_parser() -> _Parser:
         sp.add_argument("--deform", type=float, default=DEFAULTS["deform"],
                         help=f"smooth box deformation amplitude, |deform| < {MAX_DEFORM} (default 0.1)")
 
-    s = sub.add_parser("solve", help="solve a problem and compare with its exact solution")
-    s.add_argument("problem", nargs="?", default="poisson", choices=("poisson", "maxwell", "advection"),
-                   help="problem to solve: poisson (BP1..BP6), maxwell (SEDG, exact cavity mode / plane wave) "
-                   "or advection (DG, periodic Gaussian)")
-    mesh_args(s, DEFAULTS["order"], DEFAULTS["elements"])
-    s.add_argument("--bp", type=int, default=DEFAULTS["bp"],
-                   help="bake-off problem 1..6 (operator, quadrature, BCs, components; default 5)")
-    s.add_argument("--tol", type=float, default=None,
-                   help="relative residual tolerance, 10 eps <= tol < 1 (default 1e-10; 1e-5 for float32)")
-    s.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
-                   help="PCG iteration cap, >= 1 (default 1000)")
-    s.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="poisson: element kernels, the CUDA kernels where they run and einsum "
-                        "elsewhere (auto, default), or force one")
-    s.add_argument("--devices", type=int, default=None, metavar="N",
-                   help="split the elements over N devices of this process (JAX's own transport; on a CPU "
-                        "set XLA_FLAGS=--xla_force_host_platform_device_count=N first); default 1")
-    s.add_argument("--transport", choices=("mpi", "shard"), default=None,
-                   help="under mpirun/srun: one process per device with mpi4jax (mpi, default) or one JAX "
-                        "program over every process's devices (shard, jax.distributed)")
-    for flag, kw in MAXWELL_ARGS.items():  # maxwell only (None = not given)
-        s.add_argument(flag, default=None, **kw)
-    for flag, kw in ADVECTION_ARGS.items():  # advection only (None = not given)
-        s.add_argument(flag, default=None, **kw)
-    common(s)
+    s = sub.add_parser("solve", help="solve a problem and compare with its exact solution",
+                       description="Solve a problem with a known exact solution and report the error. "
+                       "'jaxsem solve PROBLEM --help' lists that problem's options.")
+    probs = s.add_subparsers(dest="problem", metavar="problem")
+    helps = dict(poisson="Helmholtz/Poisson, the bake-off problems BP1..BP6 (Jacobi-PCG)",
+                 maxwell="Maxwell (SEDG): exact PEC cavity mode or periodic plane wave",
+                 advection="linear advection (DG): a Gaussian around the periodic unit box")
+    for name in PROBLEMS:
+        sp = probs.add_parser(name, help=helps[name], description=helps[name] + ", on the deformed unit box.")
+        mesh_args(sp, DEFAULTS["order"], DEFAULTS["elements"])
+        if name == "poisson":
+            sp.add_argument("--bp", type=int, default=DEFAULTS["bp"],
+                            help="bake-off problem 1..6 (operator, quadrature, BCs, components; default 5)")
+            sp.add_argument("--tol", type=float, default=None,
+                            help="relative residual tolerance, 10 eps <= tol < 1 (default 1e-10; 1e-5 for float32)")
+            sp.add_argument("--maxiter", type=int, default=DEFAULTS["maxiter"],
+                            help="PCG iteration cap, >= 1 (default 1000)")
+            sp.add_argument("--backend", choices=BACKENDS, default="auto",
+                            help="element kernels: the CUDA kernels where they run and einsum elsewhere "
+                                 "(auto, default), or force one")
+        else:
+            sp.add_argument("--t-final", type=float, default=TIME_DEFAULTS["t_final"],
+                            help="final time > 0, in units of the unit box's light/transit time (default 0.5)")
+            sp.add_argument("--flux", choices=("upwind", "central"), default=TIME_DEFAULTS["flux"],
+                            help="numerical flux (default upwind)")
+            sp.add_argument("--cfl", type=float, default=TIME_DEFAULTS["cfl"],
+                            help="time step as a fraction of the stable limit, 0 < cfl <= 1 (default 0.5)")
+            sp.add_argument("--method", choices=("lserk4", "rk4", "ssprk3"), default=TIME_DEFAULTS["method"],
+                            help="time integrator (default lserk4)")
+        if name == "maxwell":
+            sp.add_argument("--bc", choices=("pec", "periodic"), default="pec",
+                            help="pec cavity mode or periodic plane wave (default pec)")
+        if name == "advection":
+            sp.add_argument("--velocity", type=float, nargs=3, metavar="C", default=[1.0, 0.5, 0.25],
+                            help="constant velocity cx cy cz (default 1 0.5 0.25)")
+            sp.add_argument("--schedule", choices=("bulk", "overlap"), default="bulk",
+                            help="distributed: exchange then compute (bulk, default), or compute the local part "
+                                 "while the face data travel (overlap)")
+        fields = dict(poisson="u, the exact solution and the error", maxwell="E and H", advection="u and the exact u")
+        sp.add_argument("--vtu", metavar="PATH", default=None,
+                        help=f"write {fields[name]} to this .vtu file for ParaView (under mpirun with the mpi "
+                             "transport: one file per rank, PATH.rank<r>.vtu)")
+        sp.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="split the elements over N devices of this process (JAX's own transport; on a CPU "
+                             "set XLA_FLAGS=--xla_force_host_platform_device_count=N first); default 1")
+        sp.add_argument("--transport", choices=("mpi", "shard"), default=None,
+                        help="under mpirun/srun: one process per device with mpi4jax (mpi, default) or one JAX "
+                             "program over every process's devices (shard, jax.distributed)")
+        common(sp)
+    p.problem_parsers = probs.choices
 
     b = sub.add_parser("bench", help="bake-off kernel (bk1..bk6) or problem (bp1..bp6) throughput")
     b.add_argument("problem", type=str.lower, metavar="problem",
@@ -140,7 +146,7 @@ def build_parser() -> _Parser:
 
     i = sub.add_parser("info", help="devices, versions, x64 flag, MPI availability")
     i.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    p.commands = {"solve": s, "bench": b, "info": i}
+    p.commands = {"solve": s, "bench": b, "info": i, **{f"solve {k}": v for k, v in probs.choices.items()}}
     return p
 
 
@@ -201,7 +207,7 @@ def _validate_memory(args, fail) -> None:
 
 def _validate(parser: _Parser, args) -> None:
     """Range checks argparse cannot do; one-line error and exit 2 on failure."""
-    fail = parser.commands[args.command].error
+    fail = parser.commands[f"solve {args.problem}" if args.command == "solve" else args.command].error
     if args.command == "info":
         return
     if not 1 <= args.order <= MAX_ORDER:
@@ -221,33 +227,19 @@ def _validate(parser: _Parser, args) -> None:
             fail("argument --backend: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
         _validate_devices(args, fail)
-        given = [f for f in {**MAXWELL_ARGS, **ADVECTION_ARGS} if getattr(args, f[2:].replace("-", "_")) is not None]
-        takes = {f: ["maxwell"] * (f in MAXWELL_ARGS) + ["advection"] * (f in ADVECTION_SHARED or f in ADVECTION_ARGS)
-                 for f in given}
-        for f in given:
-            if args.problem not in takes[f]:
-                where = " and ".join("'solve " + p + "'" for p in takes[f])
-                fail(f"argument {f}: applies to {where} only")
-        if args.backend is not None and args.problem != "poisson":
-            fail("argument --backend: applies to 'solve poisson' only")
+        if args.vtu:
+            from ..io import check_writable
+
+            try:
+                check_writable(args.vtu)
+            except ValueError as e:
+                fail(f"argument --vtu: {e}")
         if args.problem in ("advection", "maxwell"):
-            defaults = ADVECTION_DEFAULTS if args.problem == "advection" else MAXWELL_DEFAULTS
-            for key, value in defaults.items():
-                if getattr(args, key) is None:
-                    setattr(args, key, value)
             if not (math.isfinite(args.t_final) and args.t_final > 0):
                 fail(f"argument --t-final: must be a finite number > 0, got {args.t_final}")
             if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1 (a fraction of the stable time step), "
                      f"got {args.cfl}")
-        if args.problem in ("advection", "maxwell"):
-            if args.vtu:
-                from ..io import check_writable
-
-                try:
-                    check_writable(args.vtu)
-                except ValueError as e:
-                    fail(f"argument --vtu: {e}")
         if args.problem == "advection":
             if not all(math.isfinite(c) for c in args.velocity) or not any(args.velocity):
                 fail(f"argument --velocity: must be 3 finite numbers, not all 0, "
@@ -373,6 +365,12 @@ def _fmt_device(r: dict) -> str:
     return r["platform"] if r["device"] == r["platform"] else f"{r['platform']} ({r['device']})"
 
 
+def _fmt_where(r: dict) -> str:
+    """Where a solve ran, for the reports: device kind, devices used, transport, processes."""
+    return (f"{_fmt_device(r)}, {r['devices']} of {r['num_devices']} device(s), {r['transport']} transport, "
+            f"{r['ranks']} process(es), jax {r['jax_version']}")
+
+
 def _fmt_rate(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.3e}"
 
@@ -395,8 +393,7 @@ def _report_solve(r: dict) -> str:
         f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
         f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
         f"{r['compile_seconds']:.2f} s compile, {r['backend']} element kernels",
-        f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), "
-        f"ranks {r['ranks']}, jax {r['jax_version']}",
+        f"  device      {_fmt_where(r)}",
     ])
 
 
@@ -416,7 +413,7 @@ def _report_maxwell(r: dict) -> str:
         f"  error       relative L2 {r['error_l2']:.3e} (E, H vs exact), energy ratio {r['energy_ratio']:.12f}",
         f"  speed       {r['seconds']:.4f} s stepping ({_fmt_rate(r['gflops'])} GFLOPS, NekCEM model), "
         f"{r['compile_seconds']:.2f} s setup+compile",
-        f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), ranks {r['ranks']}, jax {r['jax_version']}",
+        f"  device      {_fmt_where(r)}",
     ])
 
 
@@ -437,7 +434,7 @@ def _report_advection(r: dict) -> str:
         f"  error       relative L2 {r['error_l2']:.3e} (vs the exact translated Gaussian), "
         f"mass drift {r['mass_drift']:.1e}, energy ratio {r['energy_ratio']:.12f}",
         f"  speed       {r['seconds']:.4f} s stepping, {r['compile_seconds']:.2f} s setup+compile",
-        f"  device      {_fmt_device(r)}, {r['num_devices']} device(s), ranks {r['ranks']}, jax {r['jax_version']}",
+        f"  device      {_fmt_where(r)}",
     ])
 
 
@@ -511,6 +508,9 @@ def _report_info(r: dict) -> str:
 def main(argv=None) -> int:
     """Entry point of the ``jaxsem`` console script; returns the exit code."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["solve"] and (len(argv) == 1 or (argv[1].startswith("-") and argv[1] not in ("-h", "--help"))):
+        argv.insert(1, "poisson")  # 'jaxsem solve [options]' solves the Poisson problem
     try:
         args = parser.parse_args(argv)
         if args.command is None:  # the default demonstration solve
@@ -557,7 +557,7 @@ def main(argv=None) -> int:
                 report = _report_advection
             else:
                 result = verify.solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
-                                              args.maxiter, args.dtype, progress=log, backend=args.backend or "auto",
+                                              args.maxiter, args.dtype, progress=log, backend=args.backend, vtu=args.vtu,
                                               place=place)
                 report = _report_solve
             result.update(_env())

@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..discretization import to_mesh_order
 from ..io import rank_path, write_vtu
 from ..mesh.box import box_mesh
 from ..models import advection, maxwell, poisson
 from ..operators.bk import BK_SPECS
-from ..solvers.timestepping import NonFiniteError
+from ..solvers.timestepping import NonFiniteError, RunOptions
 from .bench import count_dofs
 
 __all__ = ["solve_poisson", "verify_maxwell", "verify_advection"]
@@ -26,17 +27,48 @@ def _where(disc) -> dict:
     return dict(transport=disc.comm.name, devices=disc.comm.size if disc.comm.name == "shard" else 1)
 
 
-def _vtu_path(path: str, disc) -> str:
-    """One file per rank under MPI; one file otherwise."""
-    return rank_path(path, disc.comm) if disc.comm.name == "mpi" else path
+def _write_vtu(path: str, disc, **fields) -> str:
+    """Write fields of ``disc`` to ``path`` (under MPI one file per rank, ``PATH.rank<r>.vtu``;
+    sharded: the whole mesh in mesh order, pads dropped, written by process 0)."""
+    if disc.comm.name == "mpi":
+        return write_vtu(rank_path(path, disc.comm), disc, **fields)
+    x = to_mesh_order(disc, disc.x)
+    fields = {k: to_mesh_order(disc, v) for k, v in fields.items()}
+    if jax.process_index() == 0:
+        write_vtu(path, x, **fields)
+    return path
+
+
+def _stepped(name: str, base: dict, note, run, vtu, fields):
+    """A time-stepping verification: ``run() -> (dg, state, result)``; returns ``(result, record)``.
+
+    A blow-up (:class:`NonFiniteError`) is a record with ``converged: False`` and the step
+    (result None), not an exception; ``fields(dg, state)`` names what ``vtu`` gets.
+    """
+    tic = time.perf_counter()
+    try:
+        dg, y, r = run()
+    except NonFiniteError as e:
+        note(f"{name}: {e}")
+        return None, dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
+                          message=str(e))
+    total = time.perf_counter() - tic
+    if vtu:
+        note(f"{name}: writing {vtu}")
+        vtu = _write_vtu(vtu, dg, **fields(dg, y))
+    return r, dict(base, **_where(dg), vtu=vtu, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2,
+                   steps=r.steps, dt=r.dt, dt_limit=r.dt_limit, energy_ratio=r.energy / r.energy0,
+                   seconds=r.seconds, compile_seconds=total - r.seconds)
 
 
 def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
-                  dtype="float64", progress=None, backend="auto", place: dict | None = None) -> dict:
+                  dtype="float64", progress=None, backend="auto", place: dict | None = None,
+                  vtu: str | None = None) -> dict:
     """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
 
     ``backend``: element kernels (:func:`jaxsem.discretize`; ``"auto"``: the CUDA kernels
-    on a GPU, einsum elsewhere); ``place``: as :func:`verify_maxwell`.
+    on a GPU, einsum elsewhere); ``place``: as :func:`verify_maxwell`; ``vtu``: write u, the exact
+    solution and the error at the GLL nodes to this file.
     The solve is compiled ahead of time (``compile_seconds``) and then run once
     (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
     ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
@@ -63,6 +95,10 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     seconds = time.perf_counter() - t0
 
     l2, linf = poisson.relative_errors(sem, u, m.u)
+    if vtu:
+        note(f"writing {vtu}")
+        exact = sem.interpolate(m.u)
+        vtu = _write_vtu(vtu, sem, u=u, u_exact=exact, error=u - exact)
     its = int(info.iterations)
     points, dofs = count_dofs(spec.components, order, elements)
     return dict(
@@ -72,7 +108,7 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
         deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, **_where(sem), iterations=its,
         converged=bool(info.converged),
         residual=float(info.true_relative_residual),
-        error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s,
+        error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s, vtu=vtu,
         dofs_per_second=dofs * its / seconds if seconds > 0 else None,
     )
 
@@ -102,26 +138,18 @@ def verify_maxwell(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
                 deform=float(deform), cfl=float(cfl), t_final=float(t_final), dtype=dtype)
     note(f"maxwell: order {order}, elements {tuple(elements)}, deform {deform}, {bc} {'cavity mode' if bc == 'pec' else 'plane wave'}, "
          f"{flux} flux, {method}, t_final {t_final}")
-    tic = time.perf_counter()
-    try:
-        dg, q, r = maxwell.solve_mode(order, elements, t_final, flux=flux, bc=bc, deform=deform, cfl=cfl, method=method,
-                              dtype=jnp.dtype(dtype), progress=progress_bar, **(place or {}))
-    except NonFiniteError as e:
-        note(f"maxwell: {e}")
-        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
-                    message=str(e))
-    total = time.perf_counter() - tic
-    if vtu:
-        vtu = _vtu_path(vtu, dg)
-        note(f"maxwell: writing {vtu}")
-        write_vtu(vtu, dg, E=q[:3], H=q[3:])
-    return dict(
-        base, **_where(dg), converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
-        dt_limit=r.dt_limit, energy_ratio=r.energy / r.energy0, seconds=r.seconds,
-        compile_seconds=total - r.seconds,
-        gflops=maxwell.flops_per_step(order, E) * r.steps / r.seconds / 1e9 if r.seconds > 0 else None,
-        vtu=vtu,
-    )
+    if bc not in ("pec", "periodic"):
+        raise ValueError(f"bc must be 'pec' or 'periodic', got {bc!r}")
+
+    def run():
+        mesh = box_mesh(tuple(elements), order, periodic=(bc == "periodic",) * 3, deform=deform)
+        return maxwell.solve_mode(mesh, t_final, scheme=maxwell.Scheme(flux=flux, method=method, cfl=cfl),
+                                  dtype=jnp.dtype(dtype), options=RunOptions(progress=progress_bar), **(place or {}))
+
+    r, record = _stepped("maxwell", base, note, run, vtu, lambda dg, q: dict(E=q[:3], H=q[3:]))
+    if r is None:
+        return record
+    return dict(record, gflops=maxwell.flops_per_step(order, E) * r.steps / r.seconds / 1e9 if r.seconds > 0 else None)
 
 
 def verify_advection(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=advection.DEFAULT_VELOCITY,
@@ -146,23 +174,14 @@ def verify_advection(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *
                 t_final=float(t_final), dtype=dtype, schedule=schedule)
     note(f"advection: order {order}, elements {tuple(elements)}, deform {deform}, periodic Gaussian, "
          f"velocity {tuple(velocity)}, {flux} flux, {method}, t_final {t_final}")
-    tic = time.perf_counter()
-    try:
-        dg, u, r = advection.solve_gaussian(order, elements, t_final, velocity=velocity, flux=flux, deform=deform,
-                                  cfl=cfl, method=method, dtype=jnp.dtype(dtype), progress=progress_bar,
-                                  schedule=schedule, **(place or {}))
-    except NonFiniteError as e:
-        note(f"advection: {e}")
-        return dict(base, converged=False, error_l2=None, steps=e.step, seconds=time.perf_counter() - tic,
-                    message=str(e))
-    total = time.perf_counter() - tic
-    if vtu:
-        vtu = _vtu_path(vtu, dg)
-        note(f"advection: writing {vtu}")
-        exact = advection.gaussian(dg.x, t_final, velocity)
-        write_vtu(vtu, dg, u=u, u_exact=exact)
-    return dict(
-        base, **_where(dg), vtu=vtu, converged=bool(np.isfinite(r.error_l2)), error_l2=r.error_l2, steps=r.steps, dt=r.dt,
-        dt_limit=r.dt_limit, mass_drift=abs(r.mass - r.mass0) / abs(r.mass0), energy_ratio=r.energy / r.energy0,
-        seconds=r.seconds, compile_seconds=total - r.seconds,
-    )
+    def run():
+        mesh = box_mesh(tuple(elements), order, periodic=(True,) * 3, deform=deform)
+        scheme = advection.Scheme(flux=flux, method=method, cfl=cfl, schedule=schedule)
+        return advection.solve_gaussian(mesh, t_final, velocity=velocity, scheme=scheme, dtype=jnp.dtype(dtype),
+                                        options=RunOptions(progress=progress_bar), **(place or {}))
+
+    fields = lambda dg, u: dict(u=u, u_exact=advection.gaussian(dg.x, t_final, velocity))
+    r, record = _stepped("advection", base, note, run, vtu, fields)
+    if r is None:
+        return record
+    return dict(record, mass_drift=abs(r.mass - r.mass0) / abs(r.mass0))

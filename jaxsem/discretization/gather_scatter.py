@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..backends.cuda import gs_csr_cuda
 from ..mesh.partition import rank_pairs
 from ..parallel import comm as _comm
 
@@ -287,8 +288,6 @@ def csr_gather(u2, off, idx):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _gs_csr(u2, off, idx, gid, N):
     """QQᵀ of ``u2: (C, L)`` by the CUDA gather kernel; its tangent is the segment form's."""
-    from ..backends.cuda import gs_csr_cuda
-
     return gs_csr_cuda(u2, off, idx)
 
 

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import time
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +39,9 @@ import numpy as np
 
 from ..core import basis
 from ..solvers import timestepping as ts
-from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
+from ..discretization.dg import DG, Exchange, face_exchange, faces, lift_faces, neighbor_values
 from ..discretization.gather_scatter import exchange_received, global_to_local, local_to_global
-from ..mesh.box import box_mesh
+from ..mesh.box import Mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, relative_error
 from ._dg_common import ref_derivative as _d
@@ -52,6 +50,7 @@ __all__ = [
     "FLUXES",
     "FORMS",
     "SCHEDULES",
+    "Scheme",
     "Transport",
     "transport",
     "curl_metrics",
@@ -74,6 +73,34 @@ SCHEDULES = ("bulk", "overlap")
 DEFAULT_VELOCITY = (1.0, 0.5, 0.25)
 DEFAULT_WIDTH = 0.15
 DEFAULT_CENTER = (0.5, 0.5, 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme(common.Scheme):
+    """The numerics of an advection run (static, hashable): flux, volume form, time stepper, step, schedule.
+
+    Attributes:
+      flux: ``"upwind"`` (default) or ``"central"`` (:data:`FLUXES`).
+      form: the volume term, ``"split"`` (default), ``"conservative"`` or ``"chain"``
+        (:data:`FORMS`, see :func:`rhs`).
+      method: the Runge–Kutta method (:data:`jaxsem.timestepping.METHODS`, default ``"lserk4"``).
+      cfl: Δt as a fraction of the stable limit, 0 < cfl ≤ 1 (default 0.5; when ``dt`` is ``None``).
+      dt: a fixed step > 0 that divides the run's ``t_final``, or ``None`` (default)
+        for ``cfl`` × the limit, rounded down so that ``t_final`` is hit exactly.
+      schedule: ``"bulk"`` (default) or ``"overlap"`` (:data:`SCHEDULES`, see :func:`rhs`);
+        the same result up to round-off.
+
+    Raises ``ValueError`` naming the field, the value and what is allowed.
+    """
+
+    schedule: str = "bulk"
+
+    FLUXES: ClassVar[tuple] = FLUXES
+    FORMS: ClassVar[tuple] = FORMS
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.schedule, "Scheme.schedule", SCHEDULES)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -290,28 +317,35 @@ def gaussian(x, t, velocity=DEFAULT_VELOCITY, center=DEFAULT_CENTER, width=DEFAU
 # ----------------------------------------------------------------------------- drivers
 
 
-def simulate(dg: DG, tr: Transport, u0, t_final: float, *, flux: str = "upwind", method: str = "lserk4",
-             cfl: float = 0.5, dt: float | None = None, rho: float | None = None, chunk_steps: int = 100,
-             progress: bool = False, form: str = "split", exchange: Callable | None = None,
-             schedule: str = "bulk"):
-    """Advance ``u0`` to ``t_final`` with the guarded driver; return ``(u, info, dt)``.
+def simulate(dg: DG, tr: Transport, u0, t_final: float, *, scheme: Scheme = Scheme(), rho: float | None = None,
+             options: ts.RunOptions = ts.RunOptions()):
+    """Advance ``u0: (E, n, n, n)`` to ``t_final`` with the guarded driver; return ``(u, RunInfo, dt)``.
 
-    Δt = ``cfl`` × the stable limit (rounded down so ``t_final`` is hit exactly)
-    unless ``dt`` is given; a ``dt`` above the limit is refused. ``schedule``:
-    see :func:`rhs`.
+    Δt = ``scheme.cfl`` × the stable limit (rounded down so ``t_final`` is hit
+    exactly) unless ``scheme.dt`` is given; a ``dt`` above the limit is refused.
+    ``rho``: the spectral radius, if known. ``options``: chunks, progress and
+    checkpoint files (:class:`jaxsem.timestepping.RunOptions`); checkpoints carry
+    flux, form, velocity, order, dtype, element count and a mesh fingerprint,
+    and a resume under any other value is refused.
     """
-    check_choice(schedule, "schedule", SCHEDULES)
-    if not (math.isfinite(t_final) and t_final >= 0):
-        raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
-    limit = stable_dt(dg, tr, flux, method, rho, form)
-    dt, steps = ts.plan_steps(t_final, limit, method, cfl, dt)
-    u, info = ts.run(make_rhs(flux, exchange, form, schedule), u0, dt, steps, args=(dg, tr), method=method, dt_max=limit,
-                     chunk_steps=chunk_steps, progress=progress, desc="advection", comm=dg.comm)
+    common.check_scheme(scheme, Scheme)
+    common.check_t_final(t_final)
+    limit = stable_dt(dg, tr, scheme.flux, scheme.method, rho, scheme.form)
+    dt, steps = ts.plan_steps(t_final, limit, scheme.method, scheme.cfl, scheme.dt)
+
+    def meta():
+        c = np.asarray(dg.host(tr.velocity), np.float64)
+        return dict(flux=scheme.flux, form=scheme.form, velocity=" ".join(f"{v:.17g}" for v in c),
+                    **common.dg_meta(dg))
+
+    options = common.run_options(options, limit, "advection", meta)
+    u, info = ts.run(make_rhs(scheme.flux, None, scheme.form, scheme.schedule), u0, dt, steps, args=(dg, tr),
+                     method=scheme.method, options=options, comm=dg.comm)
     return u, info, dt
 
 
 class AdvectionResult(NamedTuple):
-    """Outcome of :func:`solve_gaussian`."""
+    """Outcome of :func:`solve_gaussian`: global error, steps, Δt, its limit, seconds, mass, energy, mesh size."""
 
     error_l2: float
     steps: int
@@ -326,27 +360,31 @@ class AdvectionResult(NamedTuple):
     order: int
 
 
-def solve_gaussian(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY,
-                   width: float = DEFAULT_WIDTH, center=DEFAULT_CENTER, flux: str = "upwind",
-                   deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4", lengths=(1.0, 1.0, 1.0),
-                   dtype=jnp.float64, progress: bool = False, chunk_steps: int = 100, form: str = "split",
-                   comm=None, partition=None, devices=None, schedule: str = "bulk"):
-    """The periodic Gaussian carried across the periodic box; returns ``(dg, u, AdvectionResult)``.
+def solve_gaussian(mesh: Mesh, t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY, scheme: Scheme = Scheme(),
+                   dtype=jnp.float64, options: ts.RunOptions = ts.RunOptions(), **place):
+    """The periodic Gaussian carried across a periodic box; returns ``(dg, u, AdvectionResult)``.
 
+    ``mesh``: a :func:`jaxsem.box_mesh` filling ``[0, L]³``, periodic on every
+    axis (any order, elements, deform); the Gaussian :func:`gaussian` starts at
+    :data:`DEFAULT_CENTER` with width :data:`DEFAULT_WIDTH`. ``place``:
+    ``comm=``, ``partition=`` or ``devices=`` of :func:`jaxsem.discretize_dg`.
     ``seconds`` counts the time stepping only (compiled beforehand); the error
     is relative L2 against :func:`gaussian` at ``t_final``.
     """
-    mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(True,) * 3, deform=deform)
-    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition, devices=devices)
+    lengths = common.box_lengths(mesh, "solve_gaussian")
+    if not all(mesh.periodic):
+        raise ValueError(f"solve_gaussian: mesh must be periodic on every axis, got periodic={mesh.periodic}")
+    common.check_scheme(scheme, Scheme)
+    dg = common.discretize(mesh, dtype, place, "solve_gaussian")
     tr = transport(dg, velocity)
-    exact = functools.partial(gaussian, velocity=velocity, center=center, width=width, lengths=lengths)
+    exact = functools.partial(gaussian, velocity=velocity, lengths=lengths)
     u0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
-    rho = spectral_radius(dg, tr, flux, form=form)
-    limit = stable_dt(dg, tr, flux, method, rho, form)
-    ts.run(make_rhs(flux, None, form, schedule), u0, limit / 2, 1, args=(dg, tr), method=method)  # compile
-    u, info, dt = simulate(dg, tr, u0, t_final, flux=flux, method=method, cfl=cfl, rho=rho,
-                           chunk_steps=chunk_steps, progress=progress, form=form, schedule=schedule)
+    rho = spectral_radius(dg, tr, scheme.flux, form=scheme.form)
+    limit = stable_dt(dg, tr, scheme.flux, scheme.method, rho, scheme.form)
+    f = make_rhs(scheme.flux, None, scheme.form, scheme.schedule)
+    ts.run(f, u0, limit / 2, 1, args=(dg, tr), method=scheme.method)  # compile
+    u, info, dt = simulate(dg, tr, u0, t_final, scheme=scheme, rho=rho, options=options)
     err = relative_error(dg, u, exact(dg.x, t_final).astype(dg.jac.dtype))
     return dg, u, AdvectionResult(err, info.steps, dt, limit, info.seconds, float(mass(dg, u0)),
                                   float(mass(dg, u)), float(energy(dg, u0)), float(energy(dg, u)),
-                                  dg.num_elements, order)
+                                  mesh.num_elements, dg.order)

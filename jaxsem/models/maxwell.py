@@ -40,16 +40,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..solvers import timestepping as ts
-from ..discretization.dg import DG, Exchange, discretize_dg, face_exchange, faces, lift_faces, neighbor_values
-from ..mesh.box import box_mesh
+from ..discretization.dg import DG, Exchange, face_exchange, faces, lift_faces, neighbor_values
+from ..mesh.box import Mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, ref_derivative, relative_error
 
@@ -57,6 +56,8 @@ __all__ = [
     "FIELDS",
     "FLUXES",
     "BCS",
+    "FORMS",
+    "Scheme",
     "Material",
     "material",
     "curl",
@@ -78,6 +79,26 @@ FIELDS = ("Ex", "Ey", "Ez", "Hx", "Hy", "Hz")
 FLUXES = ("upwind", "central")
 BCS = ("pec", "pmc")
 FORMS = ("split", "chain")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme(common.Scheme):
+    """The numerics of a Maxwell run (static, hashable): flux, curl form, time stepper, step size.
+
+    Attributes:
+      flux: ``"upwind"`` (default) or ``"central"`` (:data:`FLUXES`).
+      form: the volume curl, ``"split"`` (default, energy-stable on curved
+        elements) or ``"chain"`` (:data:`FORMS`, see :func:`rhs`).
+      method: the Runge–Kutta method (:data:`jaxsem.timestepping.METHODS`, default ``"lserk4"``).
+      cfl: Δt as a fraction of the stable limit, 0 < cfl ≤ 1 (default 0.5; when ``dt`` is ``None``).
+      dt: a fixed step > 0 that divides the run's ``t_final``, or ``None`` (default)
+        for ``cfl`` × the limit, rounded down so that ``t_final`` is hit exactly.
+
+    Raises ``ValueError`` naming the field, the value and what is allowed.
+    """
+
+    FLUXES: ClassVar[tuple] = FLUXES
+    FORMS: ClassVar[tuple] = FORMS
 
 
 # ----------------------------------------------------------------------------- material
@@ -316,29 +337,36 @@ def flops_per_step(order: int, num_elements: int) -> float:
     return (180.0 * (order + 1) + 420.0) * num_elements * (order + 1) ** 3
 
 
-def simulate(dg: DG, mat: Material, q0, t_final: float, *, flux: str = "upwind", bc: str = "pec",
-             method: str = "lserk4", cfl: float = 0.5, dt: float | None = None, rho: float | None = None,
-             chunk_steps: int = 100, progress: bool = False, checkpoint_path=None, resume=None,
-             form: str = "split", exchange: Callable | None = None):
-    """Advance ``q0`` to ``t_final`` with the guarded driver; return ``(q, info, dt)``.
+def simulate(dg: DG, mat: Material, q0, t_final: float, *, scheme: Scheme = Scheme(), bc: str = "pec",
+             rho: float | None = None, options: ts.RunOptions = ts.RunOptions()):
+    """Advance ``q0: (6, E, n, n, n)`` to ``t_final`` with the guarded driver; return ``(q, RunInfo, dt)``.
 
-    Δt = ``cfl`` × the stable limit (rounded down so that ``t_final`` is hit
-    exactly) unless ``dt`` is given; a ``dt`` (or ``cfl > 1``) above the limit
-    is refused with the limit in the message. ``exchange(dg, fu)`` replaces the
-    serial face exchange (see :func:`make_rhs`).
+    Δt = ``scheme.cfl`` × the stable limit (rounded down so that ``t_final`` is
+    hit exactly) unless ``scheme.dt`` is given; a ``dt`` above the limit is
+    refused with the limit in the message. ``rho``: the spectral radius, if
+    known (else a power iteration finds it). ``options``: chunks, progress and
+    checkpoint files (:class:`jaxsem.timestepping.RunOptions`); checkpoints carry
+    flux, form, bc, order, dtype, element count and fingerprints of the mesh and
+    of ε, μ, and a resume under any other value is refused.
     """
-    if not (math.isfinite(t_final) and t_final >= 0):
-        raise ValueError(f"t_final must be a finite number >= 0, got {t_final!r}")
-    limit = stable_dt(dg, mat, flux, bc, method, rho, form)
-    dt, steps = ts.plan_steps(t_final, limit, method, cfl, dt)
-    q, info = ts.run(make_rhs(flux, bc, exchange, form), q0, dt, steps, args=(dg, mat), method=method, dt_max=limit,
-                     chunk_steps=chunk_steps, progress=progress, desc="maxwell",
-                     checkpoint_path=checkpoint_path, resume=resume, comm=dg.comm)
+    common.check_scheme(scheme, Scheme)
+    check_choice(bc, "bc", BCS)
+    common.check_t_final(t_final)
+    limit = stable_dt(dg, mat, scheme.flux, bc, scheme.method, rho, scheme.form)
+    dt, steps = ts.plan_steps(t_final, limit, scheme.method, scheme.cfl, scheme.dt)
+
+    def meta():
+        return dict(flux=scheme.flux, form=scheme.form, bc=bc, **common.dg_meta(dg),
+                    material=common.fingerprint(dg.host(mat.eps), dg.host(mat.mu)))
+
+    options = common.run_options(options, limit, "maxwell", meta)
+    q, info = ts.run(make_rhs(scheme.flux, bc, None, scheme.form), q0, dt, steps, args=(dg, mat),
+                     method=scheme.method, options=options, comm=dg.comm)
     return q, info, dt
 
 
 class ModeResult(NamedTuple):
-    """Outcome of :func:`solve_mode`."""
+    """Outcome of :func:`solve_mode`: global error, steps, Δt and its limit, stepping seconds, energies, mesh size."""
 
     error_l2: float
     steps: int
@@ -351,36 +379,36 @@ class ModeResult(NamedTuple):
     order: int
 
 
-def solve_mode(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, flux: str = "upwind",
-               bc: str = "pec", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
-               lengths=(1.0, 1.0, 1.0), mode=None, dtype=jnp.float64, progress: bool = False,
-               chunk_steps: int = 100, form: str = "split", comm=None, partition=None, devices=None):
-    """Exact-mode verification run in a box: PEC cavity mode or periodic plane wave.
+def solve_mode(mesh: Mesh, t_final: float = 0.5, *, mode=None, scheme: Scheme = Scheme(), dtype=jnp.float64,
+               options: ts.RunOptions = ts.RunOptions(), **place):
+    """Exact-mode verification run in a box: PEC cavity mode or periodic plane wave; ``(dg, q, ModeResult)``.
 
-    ``comm``/``partition``: distributed run (see :func:`jaxsem.dg.discretize_dg`;
-    ``q`` is this rank's part, the error and energies are global).
-
-    ``bc="pec"``: :func:`cavity_mode` (``mode`` default (1, 1, 1)); ``bc="periodic"``:
-    :func:`plane_wave` (``mode`` = wavenumber, default (1, 1, 0)). Returns
-    ``(dg, q, ModeResult)``; ``seconds`` counts the time stepping only (compiled beforehand).
+    ``mesh``: a :func:`jaxsem.box_mesh` filling ``[0, L]³`` (any order, elements,
+    deform). Closed on every axis: the PEC cavity mode :func:`cavity_mode`
+    (``mode`` default (1, 1, 1)); periodic on every axis: the plane wave
+    :func:`plane_wave` (``mode`` = wavenumber, default (1, 1, 0)).
+    ``place``: ``comm=``, ``partition=`` or ``devices=`` of
+    :func:`jaxsem.discretize_dg` (a distributed run: ``q`` is this rank's part,
+    the error and energies are global). ``seconds`` counts the time stepping
+    only (compiled beforehand).
     """
-    if bc not in ("pec", "periodic"):
-        raise ValueError(f"bc must be 'pec' or 'periodic', got {bc!r}")
-    periodic = bc == "periodic"
-    mesh = box_mesh(tuple(elements), order, lengths=lengths, periodic=(periodic,) * 3, deform=deform)
-    dg = discretize_dg(mesh, dtype=dtype, comm=comm, partition=partition, devices=devices)
+    lengths = common.box_lengths(mesh, "solve_mode")
+    if len(set(mesh.periodic)) != 1:
+        raise ValueError(f"solve_mode: mesh must be closed (PEC cavity) or periodic (plane wave) on every axis, "
+                         f"got periodic={mesh.periodic}")
+    common.check_scheme(scheme, Scheme)
+    dg = common.discretize(mesh, dtype, place, "solve_mode")
     mat = material(dg)
-    if periodic:
+    if mesh.periodic[0]:
         exact = functools.partial(plane_wave, lengths=lengths, wavenumber=mode or (1, 1, 0))
     else:
         exact = functools.partial(cavity_mode, lengths=lengths, mode=mode or (1, 1, 1))
     q0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
-    rho = spectral_radius(dg, mat, flux, form=form)
-    limit = stable_dt(dg, mat, flux, method=method, rho=rho)
+    rho = spectral_radius(dg, mat, scheme.flux, form=scheme.form)
+    limit = stable_dt(dg, mat, scheme.flux, method=scheme.method, rho=rho)
     # Compile the stepping loop (one step, same function and shapes) so ``seconds`` is pure stepping.
-    ts.run(make_rhs(flux, "pec", None, form), q0, limit / 2, 1, args=(dg, mat), method=method)
-    q, info, dt = simulate(dg, mat, q0, t_final, flux=flux, method=method, cfl=cfl, rho=rho,
-                           chunk_steps=chunk_steps, progress=progress, form=form)
+    ts.run(make_rhs(scheme.flux, "pec", None, scheme.form), q0, limit / 2, 1, args=(dg, mat), method=scheme.method)
+    q, info, dt = simulate(dg, mat, q0, t_final, scheme=scheme, rho=rho, options=options)
     err = relative_error(dg, q, exact(dg.x, t_final))
     return dg, q, ModeResult(err, info.steps, dt, limit, info.seconds, float(energy(dg, mat, q0)),
-                             float(energy(dg, mat, q)), dg.num_elements, order)
+                             float(energy(dg, mat, q)), mesh.num_elements, dg.order)

@@ -13,16 +13,20 @@ Methods (``method=``):
 Two entry points:
 
 * :func:`integrate` — pure and differentiable: ``lax.scan`` over a static
-  number of steps, optional per-step observations, and optional recomputed
-  chunks of steps (``checkpoint_every="sqrt"``: memory ~ √steps for
-  ``jax.grad`` through long runs, by ``jax.checkpoint`` or, where steps send
+  number of steps, optional per-step observations, and a reverse-mode memory
+  schedule (:class:`Checkpointing`; ``Checkpointing("sqrt")``: memory ~ √steps
+  for ``jax.grad`` through long runs, by ``jax.checkpoint`` or, where steps send
   MPI messages, by an equivalent ``jax.custom_vjp``).
-* :func:`run` — the host-side driver: chunks of steps under ``jit``, a tqdm
-  progress bar on stderr, NaN/Inf detection that names the step where the
-  blow-up appeared (:class:`NonFiniteError`), refusal of a Δt above a given
-  stable limit, and atomic npz checkpoints from which a run resumes to a
+* :func:`run` — the host-side driver (:class:`RunOptions`): chunks of steps
+  under ``jit``, a tqdm progress bar on stderr, NaN/Inf detection that names
+  the step where the blow-up appeared (:class:`NonFiniteError`), refusal of a
+  Δt above a given stable limit, and atomic npz checkpoints that carry the
+  run's metadata, from which a run with the same metadata resumes to a
   bit-identical result. Its compiled chunk, :func:`advance_fn`, is also the
   kernel to time (``experiments/maxwell_throughput.py``).
+
+Both step low-storage methods with their stages in a loop (one copy of ``f``
+in the compiled program: :func:`rk_step` with ``loop_stages=True``).
 
 Stability: :func:`stability_radius` is the radius of the largest half-disk
 ``{|z| ≤ r, Re z ≤ 0}`` inside a method's stability region, so
@@ -40,6 +44,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
 import jax
@@ -54,9 +59,10 @@ __all__ = [
     "tableau",
     "rk_step",
     "integrate",
-    "checkpoint_chunk",
+    "Checkpointing",
     "REMATS",
     "run",
+    "RunOptions",
     "advance_fn",
     "RunInfo",
     "NonFiniteError",
@@ -152,7 +158,9 @@ def rk_step(f: Callable, t, y, dt, method: str = "lserk4", loop_stages: bool = F
 
     ``loop_stages``: run the stages of a low-storage method as a ``fori_loop``
     (one copy of ``f`` in the compiled program instead of one per stage: much
-    faster compilation, the same arithmetic).
+    faster compilation, the same arithmetic), as :func:`integrate` and
+    :func:`run` do; unrolled, the step also takes NumPy arrays
+    (:func:`stability_function`).
     """
     tab = tableau(method)
     if isinstance(tab, LowStorageTableau) and loop_stages:
@@ -191,31 +199,18 @@ def rk_step(f: Callable, t, y, dt, method: str = "lserk4", loop_stages: bool = F
 
 # ----------------------------------------------------------------------------- pure integration
 
+REMATS = ("auto", "checkpoint", "custom_vjp")
 
-def integrate(
-    f: Callable,
-    y0,
-    dt,
-    num_steps: int,
-    *,
-    t0=0.0,
-    method: str = "lserk4",
-    checkpoint_every: int | str | None = None,
-    remat: str = "auto",
-    observe: Callable | None = None,
-    loop_stages: bool = True,
-):
-    """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit-, vmap- and grad-friendly).
 
-    Args:
-      f: right-hand side ``f(t, y)``; it may close over traced parameters (ε, μ,
-        a velocity field …): ``jax.grad`` w.r.t. them runs backwards through the loop.
-      y0: initial state (any pytree of arrays, e.g. Maxwell's ``q: (6, E, n, n, n)``).
-      dt: step size (time units of ``f``; may be traced).
-      num_steps: number of steps (static int ≥ 0).
-      t0: initial time; step m starts at ``t0 + m·dt`` (no accumulated round-off).
-      method: one of :data:`METHODS`.
-      checkpoint_every: memory of reverse mode (``jax.grad`` through the loop):
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+    """The memory schedule of reverse mode (``jax.grad``) through :func:`integrate` (static, hashable).
+
+    Values and gradients do not depend on it (each step's arithmetic is the
+    same), only memory and time.
+
+    Attributes:
+      every: steps per recomputed chunk.
 
         * ``None`` (default): one ``lax.scan``; reverse mode stores the
           residuals of every step: memory ∝ ``num_steps``.
@@ -226,12 +221,9 @@ def integrate(
           recomputes the chunk's steps and their residuals: memory
           ``num_steps / c`` states + ``c`` steps' residuals (r states each:
           ~20 for Maxwell with LSERK4), for one extra forward pass of compute.
-        * ``"sqrt"``: ``c = ⌈√num_steps⌉`` (:func:`checkpoint_chunk`): memory
+        * ``"sqrt"``: ``c = ⌈√num_steps⌉`` (:meth:`chunk`): memory
           ∝ (1 + r)·√num_steps instead of r·num_steps.
-
-        Values and gradients do not depend on it (each step's arithmetic is
-        the same), only memory and time.
-      remat: how the chunks are recomputed (only with ``checkpoint_every``):
+      remat: how the chunks are recomputed (only with ``every``):
 
         * ``"checkpoint"``: each chunk under ``jax.checkpoint``; forward mode
           (``jvp``, Hessian–vector products) works too. JAX cannot
@@ -243,24 +235,75 @@ def integrate(
           with ordered effects (distributed gradients through mpi4jax).
         * ``"auto"`` (default): ``"custom_vjp"`` when a step has effects,
           else ``"checkpoint"``.
+
+    Raises ``ValueError`` naming the field for a bad ``every`` or ``remat``.
+    """
+
+    every: int | str | None = None
+    remat: str = "auto"
+
+    def __post_init__(self):
+        every = self.every
+        if isinstance(every, (int, np.integer)) and not isinstance(every, bool) and every >= 1:
+            object.__setattr__(self, "every", int(every))
+        elif not (every is None or (isinstance(every, str) and every == "sqrt")):
+            raise ValueError(f"Checkpointing.every must be None, 'sqrt' or an int >= 1, got {every!r}")
+        if not isinstance(self.remat, str) or self.remat not in REMATS:
+            raise ValueError(f"Checkpointing.remat must be one of {REMATS}, got {self.remat!r}")
+
+    def chunk(self, num_steps: int) -> int | None:
+        """Steps per recomputed chunk for a run of ``num_steps`` steps, or ``None`` for a plain scan.
+
+        A chunk of ``num_steps`` or more (or a run of fewer than 2 steps) is a plain scan.
+        """
+        num_steps = _check_steps(num_steps)
+        if self.every is None:
+            return None
+        c = math.isqrt(max(num_steps - 1, 0)) + 1 if self.every == "sqrt" else self.every  # ⌈√n⌉ for n ≥ 1
+        return None if c >= num_steps or num_steps < 2 else c
+
+
+def integrate(
+    f: Callable,
+    y0,
+    dt,
+    num_steps: int,
+    *,
+    t0=0.0,
+    method: str = "lserk4",
+    checkpointing: Checkpointing = Checkpointing(),
+    observe: Callable | None = None,
+):
+    """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit-, vmap- and grad-friendly).
+
+    Args:
+      f: right-hand side ``f(t, y)``; it may close over traced parameters (ε, μ,
+        a velocity field …): ``jax.grad`` w.r.t. them runs backwards through the loop.
+      y0: initial state (any pytree of arrays, e.g. Maxwell's ``q: (6, E, n, n, n)``).
+      dt: step size (time units of ``f``; may be traced).
+      num_steps: number of steps (static int ≥ 0).
+      t0: initial time; step m starts at ``t0 + m·dt`` (no accumulated round-off).
+      method: one of :data:`METHODS`.
+      checkpointing: the memory schedule of reverse mode (:class:`Checkpointing`;
+        default: a plain scan, memory ∝ ``num_steps``).
       observe: optional ``observe(y) -> pytree``; evaluated after every step.
-      loop_stages: run LSERK4's stages as a loop (see :func:`rk_step`): one copy
-        of ``f`` in the program, so compiling (and differentiating) is ~5× cheaper.
 
     Returns ``y`` at ``t0 + num_steps·dt`` (shaped like ``y0``), or ``(y, obs)``
     when ``observe`` is given, ``obs`` stacked over steps (leading axis
     ``num_steps``: ``obs[m]`` is ``observe`` of the state at ``t0 + (m+1)·dt``).
 
-    Raises ``ValueError`` for a bad ``method``, ``num_steps``, ``checkpoint_every`` or ``remat``.
+    Raises ``ValueError`` for a bad ``method`` or ``num_steps``, ``TypeError`` for a
+    ``checkpointing`` that is not a :class:`Checkpointing`.
     """
     tableau(method)
+    if not isinstance(checkpointing, Checkpointing):
+        raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
     num_steps = _check_steps(num_steps)
-    c = checkpoint_chunk(num_steps, checkpoint_every)
-    if remat not in REMATS:
-        raise ValueError(f"remat must be one of {REMATS}, got {remat!r}")
+    c = checkpointing.chunk(num_steps)
+    remat = checkpointing.remat
 
     def one(y, m):
-        y = rk_step(f, t0 + m * dt, y, dt, method, loop_stages=loop_stages)
+        y = rk_step(f, t0 + m * dt, y, dt, method, loop_stages=True)
         return y, (observe(y) if observe is not None else None)
 
     steps = jnp.arange(num_steps)
@@ -285,9 +328,6 @@ def integrate(
         y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
         obs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), obs, obs2)
     return (y, obs) if observe is not None else y
-
-
-REMATS = ("auto", "checkpoint", "custom_vjp")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -323,28 +363,6 @@ def _segmented_bwd(chunk, res, ct):
 
 
 _segmented.defvjp(_segmented_fwd, _segmented_bwd)
-
-
-def checkpoint_chunk(num_steps: int, checkpoint_every: int | str | None) -> int | None:
-    """Steps per ``jax.checkpoint`` chunk that :func:`integrate` uses, or ``None`` for a plain scan.
-
-    ``checkpoint_every``: ``None``, an int ≥ 1 or ``"sqrt"`` (``⌈√num_steps⌉``);
-    a chunk of ``num_steps`` or more (or fewer than 2 steps) is a plain scan.
-    Raises ``ValueError`` naming ``checkpoint_every`` for anything else.
-    """
-    num_steps = _check_steps(num_steps)
-    if checkpoint_every is None:
-        return None
-    if isinstance(checkpoint_every, str):
-        if checkpoint_every != "sqrt":
-            raise ValueError(f"checkpoint_every must be None, 'sqrt' or an int >= 1, got {checkpoint_every!r}")
-        c = math.isqrt(max(num_steps - 1, 0)) + 1  # ⌈√num_steps⌉ for num_steps ≥ 1
-    elif (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer))
-          or checkpoint_every < 1):
-        raise ValueError(f"checkpoint_every must be None, 'sqrt' or an int >= 1, got {checkpoint_every!r}")
-    else:
-        c = int(checkpoint_every)
-    return None if c >= num_steps or num_steps < 2 else c
 
 
 def _check_steps(num_steps):
@@ -540,6 +558,106 @@ def advance_fn(f, method: str, with_args: bool = True):
     return advance
 
 
+_RUN_KEYS = ("dt", "t0", "method")  # what run records itself in every checkpoint
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How :func:`run` drives the steps: chunks, guards, progress, checkpoint files (static, hashable).
+
+    None of it changes the arithmetic of a step: any options give the same bits.
+
+    Attributes:
+      chunk_steps: steps per jitted chunk (int ≥ 1): the granularity of progress,
+        NaN/Inf checks and checkpoints.
+      dt_max: the stable limit (e.g. :func:`cfl_dt` with cfl = 1), or ``None``; a
+        ``dt`` above it is refused with a ``ValueError`` naming the limit.
+      progress: show a tqdm progress bar on stderr.
+      desc: the progress bar's label.
+      checkpoint_path: write ``(y, t, step)`` and the metadata there after every
+        chunk (npz, atomic), or ``None``.
+      resume: path of a checkpoint to continue from, or ``None``. Its metadata
+        (``dt``, ``t0``, ``method`` and every key of ``meta``) must equal this run's.
+      meta: what identifies the run beyond ``dt``, ``t0`` and ``method`` (the DG
+        drivers give flux, form, order, dtype, element count and a mesh
+        fingerprint): a mapping from identifiers to str, int, float or bool,
+        kept as key-sorted ``(key, value)`` pairs.
+
+    Raises ``ValueError`` or ``TypeError`` naming the field for a bad value.
+    """
+
+    chunk_steps: int = 100
+    dt_max: float | None = None
+    progress: bool = False
+    desc: str = "time steps"
+    checkpoint_path: str | os.PathLike | None = None
+    resume: str | os.PathLike | None = None
+    meta: tuple = ()
+
+    def __post_init__(self):
+        n = self.chunk_steps
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"RunOptions.chunk_steps must be an int >= 1, got {n!r}")
+        object.__setattr__(self, "chunk_steps", int(n))
+        if self.dt_max is not None:
+            try:
+                v = math.nan if isinstance(self.dt_max, (bool, str)) else float(self.dt_max)
+            except (TypeError, ValueError):
+                v = math.nan
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"RunOptions.dt_max must be None or a positive finite number, got {self.dt_max!r}")
+            object.__setattr__(self, "dt_max", v)
+        if not isinstance(self.progress, (bool, np.bool_)):
+            raise TypeError(f"RunOptions.progress must be True or False, got {self.progress!r}")
+        if not isinstance(self.desc, str):
+            raise TypeError(f"RunOptions.desc must be a str, got {self.desc!r}")
+        for name in ("checkpoint_path", "resume"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"RunOptions.{name} must be None or a path (str or os.PathLike), got {value!r}")
+        object.__setattr__(self, "meta", _meta_pairs(self.meta))
+
+
+def _meta_pairs(meta) -> tuple:
+    """``meta`` (a mapping or ``(key, value)`` pairs) as key-sorted pairs of plain Python values."""
+    items = meta.items() if isinstance(meta, Mapping) else meta
+    try:
+        items = [tuple(kv) for kv in items]
+    except TypeError:
+        raise TypeError(f"RunOptions.meta must be a mapping of str to str/int/float/bool, got {meta!r}") from None
+    out = {}
+    for kv in items:
+        if len(kv) != 2:
+            raise TypeError(f"RunOptions.meta must be a mapping of str to str/int/float/bool, got {meta!r}")
+        key, value = kv
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"RunOptions.meta keys must be identifiers, got {key!r}")
+        if key in _RUN_KEYS:
+            raise ValueError(f"RunOptions.meta key {key!r} is reserved: run records {', '.join(_RUN_KEYS)} itself")
+        if key in out:
+            raise ValueError(f"RunOptions.meta key {key!r} is given twice")
+        if isinstance(value, np.generic):
+            value = value.item()
+        if not isinstance(value, (str, bool, int, float)):
+            raise TypeError(f"RunOptions.meta[{key!r}] must be a str, int, float or bool, got {value!r}")
+        out[key] = value
+    return tuple(sorted(out.items()))
+
+
+def _meta_mismatch(path, saved: dict, want: dict) -> str | None:
+    """Every key where a checkpoint's metadata and this run's differ, as one message (``None``: equal)."""
+    none = "(none)"
+    diffs = [f"{key} = {saved.get(key, none)!r} in the checkpoint, {want.get(key, none)!r} in this run"
+             for key in sorted(set(saved) | set(want)) if saved.get(key, none) != want.get(key, none)]
+    return f"resume: checkpoint {path} is of another run: " + "; ".join(diffs) if diffs else None
+
+
+def _checkpoint_meta(path) -> dict:
+    """The metadata of a checkpoint written by :func:`save_checkpoint`, as plain Python values."""
+    with np.load(os.fspath(path)) as z:
+        return {k[5:]: z[k][()].item() for k in z.files if k.startswith("meta_")}
+
+
 def run(
     f: Callable,
     y0,
@@ -549,12 +667,7 @@ def run(
     args=None,
     t0: float = 0.0,
     method: str = "lserk4",
-    dt_max: float | None = None,
-    chunk_steps: int = 100,
-    progress: bool = False,
-    desc: str = "time steps",
-    checkpoint_path=None,
-    resume=None,
+    options: RunOptions = RunOptions(),
     comm=None,
 ):
     """Run ``num_steps`` steps in jitted chunks with guards; return ``(y, RunInfo)``.
@@ -562,41 +675,41 @@ def run(
     Args:
       f: right-hand side ``f(t, y)``, or ``f(t, y, args)`` when ``args`` is given;
         keep the same function object between calls to reuse the compiled chunk.
-      args: a pytree of arrays passed to ``f`` as a jit argument (so large
-        operands, e.g. the discretization, are not baked into the program).
       y0: initial state (pytree of arrays).
       dt: step size (> 0).
       num_steps: total steps from ``t0`` (int ≥ 0); a resumed run continues to it.
+      args: a pytree of arrays passed to ``f`` as a jit argument (so large
+        operands, e.g. the discretization, are not baked into the program).
+      t0: initial time.
       method: one of :data:`METHODS`.
-      dt_max: the stable limit (e.g. from :func:`cfl_dt` with cfl = 1); a
-        ``dt`` above it is refused with a ``ValueError`` naming the limit.
-      chunk_steps: steps per jitted chunk (the granularity of progress, NaN
-        checks and checkpoints).
-      progress: show a tqdm progress bar on stderr.
-      checkpoint_path: write ``(y, t, step)`` there after every chunk (atomic).
-      resume: path of a checkpoint to continue from (same dt, t0, method).
+      options: chunking, the stable limit, progress and checkpoint files (:class:`RunOptions`).
       comm: the discretization's transport (:mod:`jaxsem.parallel.comm`): the NaN/Inf
-        test is then global (every rank stops, and replays, together) and, under
-        MPI, each rank writes/reads its own checkpoint file ``PATH.rank{r}-of-{P}``.
+        test and the resume check are then global (every rank stops, and replays,
+        together) and, under MPI, each rank writes/reads its own checkpoint file
+        ``PATH.rank{r}-of-{P}``.
 
     Raises :class:`NonFiniteError` with the first bad step if a NaN/Inf appears
-    (the chunk is replayed step by step from its finite start to find it).
-    The computation of each step does not depend on the chunking, so a resumed
-    run reproduces an uninterrupted one bit for bit.
+    (the chunk is replayed step by step from its finite start to find it), and
+    ``ValueError`` naming the key when a resumed checkpoint's metadata differs
+    from this run's. The computation of each step does not depend on the
+    chunking, so a resumed run reproduces an uninterrupted one bit for bit.
     """
     tableau(method)
+    if not isinstance(options, RunOptions):
+        raise TypeError(f"options must be a RunOptions, got {options!r}")
     num_steps = _check_steps(num_steps)
     dt = float(dt)
     if not (np.isfinite(dt) and dt > 0):
         raise ValueError(f"dt must be a positive finite number, got {dt!r}")
+    dt_max, chunk_steps = options.dt_max, options.chunk_steps
     if dt_max is not None and dt > dt_max:
         raise ValueError(
             f"dt = {dt:.6g} exceeds the stable limit {dt_max:.6g} for {method}; "
             f"use dt <= {dt_max:.6g}"
         )
-    if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, (int, np.integer)) or chunk_steps < 1:
-        raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
+    meta = dict(options.meta, dt=dt, t0=float(t0), method=method)
 
+    checkpoint_path, resume = options.checkpoint_path, options.resume
     suffix = "" if comm is None else comm.file_suffix
     if suffix:
         checkpoint_path = None if checkpoint_path is None else f"{checkpoint_path}{suffix}"
@@ -610,12 +723,13 @@ def run(
 
     y, m, resumed = y0, 0, None
     if resume is not None:
-        y, _, m, meta = load_checkpoint(resume, y0)
-        for key, want in (("dt", dt), ("t0", float(t0))):
-            if key in meta and float(meta[key]) != want:
-                raise ValueError(f"resume: checkpoint {resume} has {key} = {float(meta[key])!r}, run has {want!r}")
-        if "method" in meta and str(meta["method"]) != method:
-            raise ValueError(f"resume: checkpoint {resume} used method {str(meta['method'])!r}, run has {method!r}")
+        problem = _meta_mismatch(resume, _checkpoint_meta(resume), meta)
+        # Every rank refuses together (a rank's own mesh part may be the only difference).
+        if comm is not None and int(comm.allreduce(jnp.asarray(int(problem is not None)))) and problem is None:
+            problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {resume})"
+        if problem is not None:
+            raise ValueError(problem)
+        y, _, m, _ = load_checkpoint(resume, y0)
         if m > num_steps:
             raise ValueError(f"resume: checkpoint {resume} is at step {m} > num_steps = {num_steps}")
         resumed = m
@@ -626,10 +740,10 @@ def run(
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
     t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
     bar = None
-    if progress:
+    if options.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=num_steps, initial=m, desc=desc, file=sys.stderr, unit="step", leave=False)
+        bar = tqdm(total=num_steps, initial=m, desc=options.desc, file=sys.stderr, unit="step", leave=False)
     start_step, chunks = m, 0
     tic = time.perf_counter()
     try:
@@ -647,7 +761,7 @@ def run(
             y, m = y_new, m + count
             chunks += 1
             if checkpoint_path is not None:
-                save_checkpoint(checkpoint_path, y, t0 + m * dt, m, dt=dt, t0=float(t0), method=method)
+                save_checkpoint(checkpoint_path, y, t0 + m * dt, m, **meta)
             if bar is not None:
                 bar.update(count)
         jax.block_until_ready(y)

@@ -29,7 +29,8 @@ def _run(comm, mesh, flux, t_final, velocity, rho=None, partition=None, schedule
         tr = ad.transport(dg, velocity)
         exact = lambda x, t: ad.gaussian(x, t, velocity)
         u0 = exact(dg.x, 0.0)
-        u, info, dt = ad.simulate(dg, tr, u0, t_final, flux=flux, cfl=0.5, rho=rho, schedule=schedule)
+        scheme = ad.Scheme(flux=flux, cfl=0.5, schedule=schedule)
+        u, info, dt = ad.simulate(dg, tr, u0, t_final, scheme=scheme, rho=rho)
         out.append(dict(dg=dg, el=np.asarray(dg.elements), u=u, steps=info.steps, dt=dt,
                         m0=float(ad.mass(dg, u0)), m=float(ad.mass(dg, u)),
                         e0=float(ad.energy(dg, u0)), e=float(ad.energy(dg, u)),

@@ -4,7 +4,7 @@ Every rank builds the same global mesh and differentiates the same global loss
 (the electric energy after 10 LSERK4 steps plus the record of E at a probe,
 summed over ranks) w.r.t. a per-element ε, serially (all elements, plain
 scan) and distributed (its own elements, face exchange through mpi4jax,
-``checkpoint_every="sqrt"``). ``jax.checkpoint`` cannot partially evaluate
+``Checkpointing("sqrt")``). ``jax.checkpoint`` cannot partially evaluate
 mpi4jax's ordered effects, so the distributed run takes ``integrate``'s
 custom_vjp schedule (``remat="auto"``): this also checks that schedule against
 the plain reverse pass. All collectives happen before any assertion.
@@ -35,7 +35,7 @@ def test_eps_gradient_distributed_equals_serial(comm):
         def loss(eps, dg=dg, q0=q0, every=every, here=here):
             mat = mx.material(dg, eps)
             f = lambda t, q: mx.rhs(dg, mat, q, form="chain")
-            q, obs = ts.integrate(f, q0, 0.04, 10, checkpoint_every=every,
+            q, obs = ts.integrate(f, q0, 0.04, 10, checkpointing=ts.Checkpointing(every),
                                   observe=lambda q: jnp.sum(here * q[:3, :, 1, 1, 1], axis=1))
             local = jnp.sum(dg.mass * q[:3] ** 2) + jnp.sum(obs**2)
             return allreduce_sum(local, dg.comm)

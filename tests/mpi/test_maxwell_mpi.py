@@ -8,10 +8,14 @@ Kept small: under 4 oversubscribed ranks each LSERK4 step / power iteration is
 dominated by message latency.
 """
 
+import os
+import tempfile
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsem import timestepping as ts
 from jaxsem.parallel.comm import Comm, allreduce_max
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
@@ -33,7 +37,8 @@ def _run(comm, mesh, exact, flux, t_final, rho=None, partition=None, eps=1.0, mu
         mat = mx.material(dg, np.broadcast_to(eps, (mesh.num_elements,))[el],
                           np.broadcast_to(mu, (mesh.num_elements,))[el])
         q0 = exact(dg.x, 0.0)
-        q, info, dt = mx.simulate(dg, mat, q0, t_final, flux=flux, bc="pec", cfl=0.5, rho=rho, form=form)
+        q, info, dt = mx.simulate(dg, mat, q0, t_final, scheme=mx.Scheme(flux=flux, form=form, cfl=0.5), bc="pec",
+                                  rho=rho)
         out.append(dict(dg=dg, el=el, q=q, steps=info.steps, dt=dt, e0=float(mx.energy(dg, mat, q0)),
                         e=float(mx.energy(dg, mat, q)), err=mx.relative_error(dg, q, exact(dg.x, t_final))))
     return out
@@ -88,16 +93,46 @@ def test_periodic_plane_wave_central_uneven_partition(comm):
 
 def test_blow_up_is_detected_on_every_rank(comm):
     """A NaN on one rank only must stop all ranks at the same step (no hang)."""
-    import jax.numpy as jnp
-    import pytest
-
-    from jaxsem import timestepping as ts
-
     def f(t, y):
         # rank 0 blows up from step 3 on; the others stay finite
         bad = (comm.rank == 0) & (t > 2.5)
         return jnp.where(bad, jnp.nan, 0.0) * y + 1.0
 
     with pytest.raises(ts.NonFiniteError) as err:
-        ts.run(f, jnp.ones(4), 1.0, 10, chunk_steps=5, method="rk4", comm=comm)
+        ts.run(f, jnp.ones(4), 1.0, 10, method="rk4", options=ts.RunOptions(chunk_steps=5), comm=comm)
     assert err.value.step == 3  # the first step (1-based) whose stages reach t > 2.5
+
+
+def test_checkpoint_resume_and_refusal_on_every_rank(comm):
+    """Each rank writes its own checkpoint; a resume is bit-identical, and a mismatch on one
+    rank only (its ε) is refused on every rank together (no rank left waiting)."""
+    dg = discretize_dg(box_mesh((2, 2, 2), 2), comm=comm)
+    q0 = mx.cavity_mode(dg.x, 0.0)
+    tmp = tempfile.TemporaryDirectory()  # per process (pytest's tmp_path root is shared by the ranks)
+    path = os.path.join(tmp.name, "mx.npz")
+    scheme = mx.Scheme(form="chain", dt=0.04)  # affine: the chain-rule curl is the split form's operator
+
+    def run(steps, options, scheme=scheme, eps=1.0):  # rho: above this mesh's (limit 0.094 > dt)
+        return mx.simulate(dg, mx.material(dg, eps), q0, steps * 0.04, scheme=scheme, rho=32.0, options=options)
+
+    full, _, _ = run(6, ts.RunOptions(chunk_steps=2))
+    run(2, ts.RunOptions(chunk_steps=2, checkpoint_path=path))
+    resume = ts.RunOptions(chunk_steps=2, resume=path)
+    res, info, _ = run(6, resume)
+    errors = []
+    for kw in (dict(scheme=mx.Scheme(flux="central", form="chain", dt=0.04)),
+               dict(eps=2.0 if comm.rank == comm.size - 1 else 1.0)):
+        try:
+            run(6, resume, **kw)
+        except ValueError as e:
+            errors.append(str(e))
+    diff = float(allreduce_max(jnp.max(jnp.abs(res - full)), comm))
+    tmp.cleanup()
+    assert info.resumed_from == 2 and info.steps == 4 and diff == 0.0
+    assert len(errors) == 2, errors
+    assert "flux = 'upwind' in the checkpoint, 'central' in this run" in errors[0]
+    assert f"rank{comm.rank}-of-{comm.size}" in errors[0]
+    if comm.rank == comm.size - 1:
+        assert "material = " in errors[1]
+    else:
+        assert "the checkpoint of another rank does not match this run" in errors[1]
