@@ -101,3 +101,13 @@ def test_measure_bandwidth_and_device_info():
 def test_bad_arguments_raise(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_bp_time_to_solution():
+    """bench bp reports the p-multigrid time to solution beside the fixed iterations (tol 0 skips it)."""
+    r = bench.bench_bp(5, 3, (3, 2, 2), iterations=3, repeats=1, backend="einsum", tol=1e-8)
+    assert r["tts_converged"] and r["tts_tol"] == 1e-8 and r["tts_pmg_orders"] == [3, 2, 1]
+    assert 0 < r["tts_iterations"] < r["tts_jacobi_iterations"] and r["tts_seconds"] > 0
+    assert "tts_seconds" not in bench.bench_bp(5, 3, (2, 2, 2), iterations=3, repeats=1, backend="einsum", tol=0)
+    with pytest.raises(ValueError, match="tol"):
+        bench.bench_bp(5, 3, (2, 2, 2), iterations=3, repeats=1, tol=2.0)

@@ -195,3 +195,17 @@ def test_info_json(capsys):
     assert cli.main(["info"]) == 0
     out, _ = capsys.readouterr()
     assert "jax" in out and "MPI" in out
+
+
+def test_solve_precond_pmg_default_and_jacobi(capsys):
+    """solve poisson preconditions with p-multigrid by default (JSON: precond, pmg_orders,
+    setup_seconds) and reaches the Jacobi solution in far fewer iterations."""
+    argv = ["solve", "poisson", "--order", "4", "--elements", "3", "2", "2", "--json", "-q"]
+    assert cli.main(argv) == 0
+    pmg, _ = _json(capsys)
+    assert cli.main(argv + ["--precond", "jacobi"]) == 0
+    jac, _ = _json(capsys)
+    assert (pmg["precond"], pmg["pmg_orders"], jac["precond"], jac["pmg_orders"]) == ("pmg", [4, 2, 1], "jacobi", None)
+    assert pmg["setup_seconds"] > 0 and jac["setup_seconds"] == 0
+    assert pmg["converged"] and jac["converged"] and 3 * pmg["iterations"] < jac["iterations"]
+    assert pmg["error_l2"] == pytest.approx(jac["error_l2"], rel=1e-6)

@@ -47,7 +47,7 @@ from ..solvers.pcg import pcg
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
-    "device_info", "count_dofs", "time_bk", "time_bp", "bp_run", "rates", "time_median", "check_problem",
+    "device_info", "count_dofs", "time_bk", "time_bp", "bp_run", "rates", "time_median", "check_problem", "time_to_solution",
 ]
 
 PROBLEMS = tuple(f"bk{k}" for k in BK_SPECS) + tuple(f"bp{k}" for k in BK_SPECS)
@@ -214,7 +214,7 @@ def bench_bk(
     """
     repeats = _check_positive_int(repeats, "repeats")
     backend = _check_backend(backend)
-    timer = lambda spec, sem: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
+    timer = lambda spec, sem, mesh: time_bk(spec, sem, repeats=repeats, seed=seed, progress=progress)
     return _bench("bk", k, order, elements, dtype, deform, bandwidth, progress, timer, backend)
 
 
@@ -229,10 +229,11 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, 
 
     _note(progress, f"setting up {kind}{k}: order {order}, elements {ne}")
     t0 = time.perf_counter()
-    sem = poisson.bp_discretize(box_mesh(ne, order, deform=deform), k, dtype=dt, backend=backend)
+    mesh = box_mesh(ne, order, deform=deform)
+    sem = poisson.bp_discretize(mesh, k, dtype=dt, backend=backend)
     jax.block_until_ready(sem)
     setup = time.perf_counter() - t0
-    result = timer(spec, sem)
+    result = timer(spec, sem, mesh)
     result.update(elements=list(ne), deform=float(deform), setup_seconds=setup)
     points, dofs = count_dofs(spec.components, order, ne)
     assert (points, dofs) == (result["points"], result["dofs"])
@@ -299,8 +300,10 @@ def bench_bp(
     bandwidth: float | None = None,
     progress: Callable[[str], None] | None = None,
     backend: str = "auto",
+    tol: float | None = None,
 ) -> dict:
-    """Time ``iterations`` Jacobi-PCG iterations of BPk, compiled as one function.
+    """Time ``iterations`` Jacobi-PCG iterations of BPk, compiled as one function, and the
+    time to solution to ``tol`` with p-multigrid.
 
     Discretization, right-hand side b = load(f_manufactured) and the Jacobi
     diagonal are built once, outside the timing; the PCG run (tol = 0,
@@ -312,11 +315,19 @@ def bench_bp(
     performed and ``dofs_per_second = dofs · iterations / seconds``) plus
     ``converged`` (None: no stopping test in fixed-iteration mode) and
     ``residual_reduction`` (‖r‖/‖b‖ after the run). ``backend``: as in :func:`bench_bk`.
+    ``tol > 0``: also :func:`time_to_solution` (keys ``tts_*``; default 1e-8, 1e-5 in
+    float32); 0 skips it.
     """
+    tol = (1e-5 if jnp.dtype(dtype) == jnp.float32 else 1e-8) if tol is None else tol
     iterations = _check_positive_int(iterations, "iterations")
     repeats = _check_positive_int(repeats, "repeats")
     backend = _check_backend(backend)
-    timer = lambda spec, sem: time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
+    if not (tol == 0 or 0 < tol < 1):
+        raise ValueError(f"tol must be 0 (no time to solution) or in (0, 1), got {tol!r}")
+
+    def timer(spec, sem, mesh):
+        r = time_bp(spec, sem, iterations=iterations, repeats=repeats, progress=progress)
+        return r if tol == 0 else dict(r, **time_to_solution(spec, sem, mesh, tol, repeats, progress))
     return _bench("bp", k, order, elements, dtype, deform, bandwidth, progress, timer, backend)
 
 
@@ -370,6 +381,31 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
         repeats=repeats, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs * its / seconds,
     )
+
+
+def time_to_solution(spec, sem, mesh, tol: float = 1e-8, repeats: int = 5, progress=None) -> dict:
+    """Seconds to solve BP ``spec`` on ``sem`` to relative residual ``tol`` with p-multigrid PCG.
+
+    The preconditioner's setup (``tts_setup_seconds``: levels, Lanczos bounds) is timed apart
+    from the compiled solve (``tts_seconds``: median of ``repeats``); ``tts_iterations``,
+    ``tts_converged``, and ``tts_jacobi_iterations`` = the iterations Jacobi-PCG needs (not
+    timed: it can take thousands).
+    """
+    k = spec.number
+    h1, h2 = poisson.coefficients(k)
+    b = poisson.load(sem, poisson.manufactured(k).f)
+    _note(progress, "p-multigrid setup...")
+    t0 = time.perf_counter()
+    pre = jax.block_until_ready(poisson.pmg(sem, mesh, h1, h2))
+    setup = time.perf_counter() - t0
+    solve = jax.jit(lambda s, p, b: poisson.solve(s, None, h1, h2, tol=tol, maxiter=2000, rhs=b, precond=p))
+    jax.block_until_ready(solve(sem, pre, b))  # compile
+    _note(progress, f"timing {repeats} solves to {tol:g}...")
+    (_, info), times = time_median(solve, (sem, pre, b), repeats)
+    _, jac = jax.jit(lambda s, b: poisson.solve(s, None, h1, h2, tol=tol, maxiter=20000, rhs=b))(sem, b)
+    return dict(tts_tol=tol, tts_precond="pmg", tts_pmg_orders=list(pre.orders), tts_setup_seconds=setup,
+                tts_seconds=statistics.median(times), tts_iterations=int(info.iterations),
+                tts_converged=bool(info.converged), tts_jacobi_iterations=int(jac.iterations))
 
 
 def bench(problem: str, order: int, elements, iterations: int = 100, **kw) -> dict:

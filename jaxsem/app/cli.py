@@ -98,6 +98,9 @@ def build_parser() -> _Parser:
             sp.add_argument("--backend", choices=BACKENDS, default="auto",
                             help="element kernels: the CUDA kernels where they run and einsum elsewhere "
                                  "(auto, default), or force one")
+            sp.add_argument("--precond", choices=("pmg", "jacobi"), default="pmg",
+                            help="preconditioner: p-multigrid with Chebyshev smoothing (pmg, default) or the "
+                                 "inverse diagonal (jacobi)")
         else:
             sp.add_argument("--t-final", type=float, default=TIME_DEFAULTS["t_final"],
                             help="final time > 0, in units of the unit box's light/transit time (default 0.5)")
@@ -137,6 +140,9 @@ def build_parser() -> _Parser:
                    help="PCG iterations per timed solve, bp only (default 100)")
     b.add_argument("--repeats", type=int, default=None,
                    help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
+    b.add_argument("--tol", type=float, default=None,
+                   help="bp only: also time the p-multigrid solve to this relative residual (default 1e-8, "
+                        "1e-5 in float32; 0 skips it)")
     b.add_argument("--bandwidth", default=None, metavar="GBPS",
                    help="memory bandwidth in GB/s for percent_of_ceiling, or 'measure'")
     b.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -265,8 +271,15 @@ def _validate(parser: _Parser, args) -> None:
             fail(f"argument problem: invalid choice: {args.problem!r} (choose from bk1..bk6, bp1..bp6)")
         if args.problem.startswith("bk") and args.iterations is not None:
             fail("argument --iterations: applies to bp1..bp6 only (a bk times single applies)")
+        if args.problem.startswith("bk") and args.tol is not None:
+            fail("argument --tol: applies to bp1..bp6 only")
         if args.iterations is None:
             args.iterations = BENCH_DEFAULTS["iterations"]
+        if args.problem.startswith("bp"):
+            if args.tol is None:
+                args.tol = 1e-5 if args.dtype == "float32" else 1e-8
+            if not (args.tol == 0 or 0 < args.tol < 1):
+                fail(f"argument --tol: must be 0 (skip) or in (0, 1), got {args.tol}")
         if args.iterations < 1:
             fail(f"argument --iterations: must be an integer >= 1, got {args.iterations}")
         if args.repeats is not None and args.repeats < 1:
@@ -371,6 +384,13 @@ def _fmt_where(r: dict) -> str:
             f"{r['ranks']} process(es), jax {r['jax_version']}")
 
 
+def _fmt_precond(r: dict) -> str:
+    if r["precond"] == "jacobi":
+        return "Jacobi preconditioner"
+    orders = " > ".join(map(str, r["pmg_orders"]))
+    return f"p-multigrid preconditioner (orders {orders}, setup {r['setup_seconds']:.2f} s)"
+
+
 def _fmt_rate(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.3e}"
 
@@ -389,7 +409,7 @@ def _report_solve(r: dict) -> str:
         f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
         f"  DOFs        {r['dofs']} (components x E x p^3)",
         f"  PCG         {r['iterations']} iterations, {status} (tol {r['tol']:g}, "
-        f"relative residual {r['residual']:.2e})",
+        f"relative residual {r['residual']:.2e}), {_fmt_precond(r)}",
         f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
         f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
         f"{r['compile_seconds']:.2f} s compile, {r['backend']} element kernels",
@@ -457,6 +477,9 @@ def _report_bench(r: dict) -> str:
         lines.append(f"  ceiling     {r['bandwidth'] / 1e9:.1f} GB/s -> "
                      f"{_fmt_rate(r['ceiling_dofs_per_second'])} DOFs/s, "
                      f"{r['percent_of_ceiling']:.1f}% of it")
+    if "tts_seconds" in r:
+        lines.append(f"  to {r['tts_tol']:g}     {r['tts_seconds']:.4g} s, {r['tts_iterations']} p-multigrid PCG "
+                     f"iterations (Jacobi: {r['tts_jacobi_iterations']}), setup {r['tts_setup_seconds']:.2f} s")
     lines.append(f"  device      {_fmt_device(r)}, jax {r['jax_version']}")
     return "\n".join(lines)
 
@@ -558,6 +581,7 @@ def main(argv=None) -> int:
             else:
                 result = verify.solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
                                               args.maxiter, args.dtype, progress=log, backend=args.backend, vtu=args.vtu,
+                                              precond=args.precond,
                                               place=place)
                 report = _report_solve
             result.update(_env())
@@ -571,6 +595,8 @@ def main(argv=None) -> int:
                 log("measuring memory bandwidth...")
                 bw = measure_bandwidth()
             kw = {} if args.repeats is None else dict(repeats=args.repeats)
+            if args.problem.startswith("bp"):
+                kw["tol"] = args.tol
             result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
                            dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, backend=args.backend, **kw)
             result.update(_env())

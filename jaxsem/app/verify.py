@@ -63,12 +63,13 @@ def _stepped(name: str, base: dict, note, run, vtu, fields):
 
 def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
                   dtype="float64", progress=None, backend="auto", place: dict | None = None,
-                  vtu: str | None = None) -> dict:
+                  vtu: str | None = None, precond: str = "pmg") -> dict:
     """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
 
     ``backend``: element kernels (:func:`jaxsem.discretize`; ``"auto"``: the CUDA kernels
     on a GPU, einsum elsewhere); ``place``: as :func:`verify_maxwell`; ``vtu``: write u, the exact
-    solution and the error at the GLL nodes to this file.
+    solution and the error at the GLL nodes to this file; ``precond``: ``"pmg"`` (p-multigrid,
+    :func:`jaxsem.models.poisson.pmg`; its setup is ``setup_seconds``) or ``"jacobi"``.
     The solve is compiled ahead of time (``compile_seconds``) and then run once
     (``seconds``); ``dofs = components·E·p³`` (see :mod:`jaxsem.bench`),
     ``dofs_per_second = dofs · iterations / seconds``; ``error_l2`` and
@@ -77,20 +78,26 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     note = progress or (lambda m: None)
     spec = BK_SPECS[bp]
     note(f"discretizing: BP{bp}, order {order}, elements {tuple(elements)}, deform {deform}, {dtype}")
-    sem = poisson.bp_discretize(box_mesh(tuple(elements), order, deform=deform), bp, dtype=jnp.dtype(dtype),
-                                backend=backend, **(place or {}))
+    mesh = box_mesh(tuple(elements), order, deform=deform)
+    sem = poisson.bp_discretize(mesh, bp, dtype=jnp.dtype(dtype), backend=backend, **(place or {}))
     h1, h2 = poisson.coefficients(bp)
     m = poisson.manufactured(bp)
+    pre, setup_s = None, 0.0
+    if precond == "pmg":
+        note("p-multigrid setup...")
+        t0 = time.perf_counter()
+        pre = jax.block_until_ready(poisson.pmg(sem, mesh, h1, h2))
+        setup_s = time.perf_counter() - t0
 
     note("compiling...")
     t0 = time.perf_counter()
-    fn = jax.jit(lambda sem: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter))
-    compiled = fn.lower(sem).compile()
+    fn = jax.jit(lambda sem, pre: poisson.solve(sem, m.f, h1, h2, tol=tol, maxiter=maxiter, precond=pre))
+    compiled = fn.lower(sem, pre).compile()
     compile_s = time.perf_counter() - t0
 
     note("solving...")
     t0 = time.perf_counter()
-    u, info = compiled(sem)
+    u, info = compiled(sem, pre)
     jax.block_until_ready((u, info))
     seconds = time.perf_counter() - t0
 
@@ -105,7 +112,8 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
         problem="poisson", bp=bp, operator=spec.operator, quadrature=spec.quadrature,
         components=spec.components, order=order, elements=list(elements),
         num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
-        deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, **_where(sem), iterations=its,
+        deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, **_where(sem),
+        precond=precond, pmg_orders=None if pre is None else list(pre.orders), setup_seconds=setup_s, iterations=its,
         converged=bool(info.converged),
         residual=float(info.true_relative_residual),
         error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s, vtu=vtu,

@@ -37,7 +37,7 @@ from ..mesh.partition import partition_mesh
 from ..parallel.comm import Comm, ShardComm, element_specs
 from .gather_scatter import Exchange, GatherScatter
 
-__all__ = ["device_mesh", "distribute", "to_mesh_order", "from_mesh_order", "AXIS"]
+__all__ = ["device_mesh", "distribute", "to_mesh_order", "from_mesh_order", "placement_of", "AXIS"]
 
 AXIS = "elements"
 
@@ -230,3 +230,21 @@ def from_mesh_order(disc, u, axis: int = -4, fill: float = 0.0):
     spec = element_specs(out, comm.axis_name) if out.ndim >= 4 else jax.sharding.PartitionSpec()
     sharding = NamedSharding(comm.mesh, spec)
     return jax.make_array_from_callback(out.shape, sharding, lambda index: out[index])
+
+
+def placement_of(disc, mesh, partition=None) -> dict:
+    """``discretize`` keywords that put another discretization of ``mesh`` (same elements,
+    e.g. another order) where ``disc``'s elements are: same devices and blocks, or the
+    same MPI ranks (``partition``: the one ``disc`` was built with, default
+    :func:`partition_mesh`), or serial."""
+    comm = disc.comm
+    if isinstance(comm, ShardComm):
+        el = disc.host_elements()
+        part = np.zeros(mesh.num_elements, np.int64)
+        for r, block in enumerate(np.split(el, comm.size)):
+            part[block[block >= 0]] = r
+        return dict(devices=comm.mesh, partition=part)
+    if comm.size > 1:
+        part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
+        return dict(comm=comm, partition=part)
+    return dict(comm=comm)

@@ -24,11 +24,12 @@ from ..discretization.sem import SEM, discretize
 from ..mesh.box import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
 from ..operators.tensor import interp, interp_t
+from ..solvers import multigrid
 from ..solvers.pcg import linear_solve
 
 __all__ = [
     "BP_SPECS", "bp_discretize", "local_operator", "operator", "jacobi", "load",
-    "solve", "manufactured", "relative_errors", "coefficients",
+    "solve", "pmg", "manufactured", "relative_errors", "coefficients",
 ]
 
 BP_SPECS = BK_SPECS
@@ -116,8 +117,16 @@ def load(sem: SEM, f):
     return sem.mask * sem.dssum(interp_t(g.B * fq, sem.J))
 
 
+def pmg(sem: SEM, mesh: Mesh, h1=1.0, h2=0.0, options: multigrid.PMGOptions = multigrid.PMGOptions(),
+        partition=None) -> multigrid.PMG:
+    """The p-multigrid preconditioner of h₁(−∇²) + h₂ on ``sem`` (built from ``mesh``), for
+    ``solve(..., precond=)``: levels by order, Chebyshev-smoothed, see :mod:`jaxsem.solvers.multigrid`.
+    ``partition``: the one ``sem`` was built with under MPI, when not the default."""
+    return multigrid.setup(sem, mesh, operator, jacobi, h1=h1, h2=h2, options=options, partition=partition)
+
+
 def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
-          method: str = "classic"):
+          method: str = "classic", precond: multigrid.PMG | None = None):
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
@@ -128,6 +137,8 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
         per quadrature point ``(E, q, q, q)``.
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
+      precond: None (Jacobi) or a p-multigrid preconditioner from :func:`pmg` built for this
+        ``sem``, ``h1`` and ``h2`` (a fixed SPD operator, so plain PCG stays correct).
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
     Raises ``ValueError`` naming the argument, before any solve, for a coefficient of
     another shape, and for NaN/Inf or negative values in ``f``, ``h1``, ``h2`` or ``rhs``
@@ -137,7 +148,11 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     and the one extra operator application of a derivative runs the einsum reference.
     """
     _check_inputs(sem, f, h1, h2, rhs)
-    return sem.local_map(_solve, f, h1, h2, tol, maxiter, rhs, method)
+    if precond is not None and not isinstance(precond, multigrid.PMG):
+        raise TypeError(f"precond must be None (Jacobi) or a PMG from poisson.pmg, got {type(precond).__name__}")
+    if precond is not None and precond.levels[0].sem.order != sem.order:
+        raise ValueError(f"precond was built for order {precond.levels[0].sem.order}, sem has order {sem.order}")
+    return sem.local_map(_solve, f, h1, h2, tol, maxiter, rhs, method, precond)
 
 
 def _concrete(a) -> bool:
@@ -181,16 +196,20 @@ def _nonfinite(a) -> int:
         return int(a.size - jnp.count_nonzero(jnp.isfinite(a))) if jnp.issubdtype(a.dtype, jnp.inexact) else 0
 
 
-def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method):
+def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method, precond):
     b = load(sem, f) if rhs is None else rhs
     A = operator(sem, h1, h2)
-    dinv = jacobi(sem, h1, h2)
+    if precond is None:
+        dinv = jacobi(sem, h1, h2)
+        M = lambda r: dinv * r
+    else:
+        M = lambda r: multigrid.vcycle(precond, r)
     weight = sem.mult * sem.mask
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(
         A, b, dot=sem.dot, project=project, weight=weight,
-        precond=lambda r: dinv * r, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
-        transposable=sem.backend.transposable,
+        precond=M, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
+        transposable=sem.backend.transposable, keep_z=precond is not None,
     )
 
 

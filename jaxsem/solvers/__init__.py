@@ -1,7 +1,9 @@
-"""Krylov solvers and time steppers as compiled loops."""
+"""Krylov solvers, p-multigrid preconditioning and time steppers as compiled loops."""
 
-from . import timestepping
+from . import chebyshev, multigrid, timestepping
+from .multigrid import PMG as PMG, PMGOptions as PMGOptions
 from .pcg import PCGInfo, pcg, linear_solve
 from .timestepping import Checkpointing as Checkpointing, RunOptions as RunOptions
 
-__all__ = ["PCGInfo", "pcg", "linear_solve", "timestepping", "Checkpointing", "RunOptions"]
+__all__ = ["PCGInfo", "pcg", "linear_solve", "timestepping", "Checkpointing", "RunOptions",
+           "chebyshev", "multigrid", "PMG", "PMGOptions"]

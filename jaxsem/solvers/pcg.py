@@ -125,6 +125,7 @@ def pcg(
     maxiter: int = 1000,
     dots: Callable | None = None,
     method: str = "classic",
+    keep_z: bool = False,
 ):
     """Solve ``A x = b`` with preconditioned CG.
 
@@ -146,6 +147,9 @@ def pcg(
         iteration) or ``"single-reduction"`` (Chronopoulos & Gear 1989: the
         same iterates in exact arithmetic, one reduction of three inner
         products per iteration; latency-bound multi-GPU runs want it).
+      keep_z: ``"classic"`` keeps z = M r between the reduction and the update
+        instead of applying M twice: one vector more to store, for a preconditioner
+        that costs more than a pass over a vector (multigrid; Jacobi recomputes).
 
     Returns ``(x, PCGInfo)``; ``converged`` is decided on the true residual
     b − A x (one operator application at exit, and CG restarts from the true
@@ -162,7 +166,8 @@ def pcg(
     M = precond if precond is not None else (lambda r: r)
     if dots is None:
         dots = lambda pairs: jnp.stack([dot(u, v) for u, v in pairs])
-    run = (_classic if method == "classic" else _single_reduction)(A, M, dot, dots, maxiter)
+    run = _classic(A, M, dot, dots, maxiter, keep_z) if method == "classic" else \
+        _single_reduction(A, M, dot, dots, maxiter)
 
     x = jnp.zeros_like(b) if x0 is None else x0
     r = b - A(x) if x0 is not None else b
@@ -201,7 +206,7 @@ def pcg(
     return x, PCGInfo(it, jnp.sqrt(rr), bnorm, converged, jnp.sqrt(hist), rel, breakdown)
 
 
-def _classic(A, M, dot, dots, maxiter):
+def _classic(A, M, dot, dots, maxiter, keep_z=False):
     """Hestenes–Stiefel PCG: ``run(x, r, ‖r‖², it, hist, target²) -> (x, it, ‖r‖², hist)``
     iterates from the residual r of x until ‖r‖² ≤ target² or ``it = maxiter``."""
 
@@ -215,10 +220,11 @@ def _classic(A, M, dot, dots, maxiter):
         w = A(p)
         alpha = _safe_div(rz, dot(p, w))
         r = r - alpha * w
-        rz_new, rr = dots([(r, M(r)), (r, r)])
+        z = M(r)
+        rz_new, rr = dots([(r, z), (r, r)])
         beta = _safe_div(rz_new, rz)
         x = x + alpha * p
-        p = M(r) + beta * p  # z = M r recomputed here rather than kept between passes
+        p = (z if keep_z else M(r)) + beta * p  # Jacobi: z = M r recomputed, not kept between passes
         hist = hist.at[it + 1].set(rr)
         return x, r, p, rz_new, it + 1, rr, hist
 
@@ -291,6 +297,7 @@ def linear_solve(
     dots: Callable | None = None,
     method: str = "classic",
     transposable: bool = True,
+    keep_z: bool = False,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -313,7 +320,8 @@ def linear_solve(
     _check_options(tol, maxiter, method, b)
     _check_finite(b, "b", "right-hand side")
     maxiter, tol = int(maxiter), float(tol)
-    run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots, method=method)
+    run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots, method=method,
+                          keep_z=keep_z)
 
     def solve(_, rhs):
         return run(project(rhs))

@@ -3,8 +3,8 @@
     mpirun -n 2 python -m pytest tests/mpi -q
     mpirun -n 4 python -m pytest tests/mpi -q
 
-(``bash tests/run.sh`` does both). Run without a launcher they still pass, as the
-one-rank case. Every rank runs every test in the same order; tests call all their
+(``bash tests/run.sh`` does both). Without a launcher of two or more processes
+tests/conftest.py skips them. Every rank runs every test in the same order; tests call all their
 collective operations before asserting, so a failure on one rank cannot leave the
 other ranks waiting in a collective.
 """

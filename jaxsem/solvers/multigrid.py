@@ -1,0 +1,359 @@
+"""p-multigrid: a V-cycle over polynomial orders, Chebyshev-smoothed, as a PCG preconditioner.
+
+Levels are the same mesh at decreasing orders (default p → ⌈p/2⌉ → … → 1), each a
+full :class:`~jaxsem.discretization.SEM` built with the same partition (the same
+element blocks on every rank or device), its coordinates the finest level's
+interpolated to its GLL points (curved geometry stays consistent) and its operator
+rediscretized there (the p-multigrid of Lottes & Fischer, J. Sci. Comput. 2005). Between
+levels:
+
+* prolongation P: GLL-to-GLL Lagrange interpolation element by element,
+  ``u_f = (J ⊗ J ⊗ J) u_c``. The trace of an element's polynomial on a face depends
+  only on that face's nodes, so a continuous coarse field gives a continuous fine
+  one (to round-off) and no averaging is needed;
+* restriction R = Pᵀ in the Euclidean product of assembled vectors:
+  ``r_c = mask_c·QQᵀ_c (Jᵀ ⊗ Jᵀ ⊗ Jᵀ)(mult_f · r_f)`` (each shared fine node counted
+  once, then summed into the coarse nodes).
+
+Smoothing is :func:`jaxsem.solvers.chebyshev.fourth_kind` of the Jacobi-scaled
+operator, the same polynomial before and after the coarse correction; the coarsest
+level is solved by a fixed number of first-kind Chebyshev steps on Ritz bounds of
+its spectrum. Every step is a fixed polynomial, so the V-cycle is a fixed linear
+operator, symmetric and positive definite (symmetric smoothing, an SPD coarse
+polynomial, bounds ρ ≥ λ_max); plain PCG (:func:`jaxsem.solvers.pcg.linear_solve`)
+takes it as ``precond`` and no flexible outer method is needed. A cycle has no
+inner products, hence no global reductions: only each level's gather–scatter.
+
+:func:`setup` builds the levels on the host and measures the spectra (a few Lanczos
+steps per level, compiled); :func:`vcycle` is a function of rank-local data, so it
+runs unchanged inside :meth:`SEM.local_map` (sharded devices) and under MPI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core import basis
+from ..discretization.sem import SEM, discretize
+from ..discretization.shard import placement_of
+from ..mesh.box import Mesh
+from ..operators.tensor import interp, interp_t
+from . import chebyshev
+
+# The coarsest level's Chebyshev steps when κ asks for more: past this a coarser
+# schedule or another coarse solver is the remedy, not more steps.
+MAX_COARSE_STEPS = 500
+
+__all__ = ["PMGOptions", "PMG", "Level", "setup", "vcycle", "prolong", "restrict", "default_orders"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PMGOptions:
+    """How the p-multigrid preconditioner is built (static, hashable).
+
+    Attributes:
+      orders: the level orders, finest first (``(7, 3, 1)``; the fine order may be left
+        out); ``None``: halving, p → ⌈p/2⌉ → … → 1 (:func:`default_orders`).
+      degree: degree of the fourth-kind Chebyshev smoother, applied before and after the
+        coarse correction (``degree − 1`` operator applications each, 1 ≤ degree ≤ 8).
+      safety: ρ = safety · (largest Ritz value): the smoother's bound of λ_max(D⁻¹A).
+      lanczos_steps: Jacobi-PCG (Lanczos) steps per level that estimate the spectrum.
+      coarse_reduction: the coarsest level runs the first-kind Chebyshev steps that reduce
+        its error by this factor on the estimated interval (from κ = ρ/λ_min at setup).
+      coarse_steps: a fixed number of coarse Chebyshev steps instead (``None``: from
+        ``coarse_reduction``).
+    """
+
+    orders: tuple | None = None
+    degree: int = 2
+    safety: float = 1.1
+    lanczos_steps: int = 20
+    coarse_reduction: float = 0.1
+    coarse_steps: int | None = None
+
+    def __post_init__(self):
+        if self.orders is not None:
+            try:
+                orders = tuple(self.orders)
+            except TypeError:
+                raise TypeError(f"orders must be a sequence of ints, got {self.orders!r}") from None
+            if not orders or any(isinstance(o, bool) or not isinstance(o, (int, np.integer)) for o in orders):
+                raise TypeError(f"orders must be a non-empty sequence of ints, got {self.orders!r}")
+            orders = tuple(int(o) for o in orders)
+            if orders[-1] < 1 or any(a <= b for a, b in zip(orders, orders[1:])):
+                raise ValueError(f"orders must decrease strictly to an order >= 1, got {orders}")
+            object.__setattr__(self, "orders", orders)
+        if isinstance(self.degree, bool) or not isinstance(self.degree, (int, np.integer)) \
+                or not 1 <= self.degree <= 8:
+            raise ValueError(f"degree must be an integer in [1, 8], got {self.degree!r}")
+        if not (isinstance(self.safety, (int, float)) and 1.0 <= self.safety <= 4.0):
+            raise ValueError(f"safety must be a number in [1, 4], got {self.safety!r}")
+        if isinstance(self.lanczos_steps, bool) or not isinstance(self.lanczos_steps, (int, np.integer)) \
+                or not 2 <= self.lanczos_steps <= 200:
+            raise ValueError(f"lanczos_steps must be an integer in [2, 200], got {self.lanczos_steps!r}")
+        if not (isinstance(self.coarse_reduction, (int, float)) and 0 < self.coarse_reduction < 1):
+            raise ValueError(f"coarse_reduction must be in (0, 1), got {self.coarse_reduction!r}")
+        if self.coarse_steps is not None and (isinstance(self.coarse_steps, bool)
+                                              or not isinstance(self.coarse_steps, (int, np.integer))
+                                              or not 1 <= self.coarse_steps <= 10000):
+            raise ValueError(f"coarse_steps must be None or an integer in [1, 10000], got {self.coarse_steps!r}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One level of the hierarchy (pytree; element arrays split like the SEM's).
+
+    Attributes:
+      sem: the level's discretization (same elements and partition as the finest).
+      dinv: ``(E, n, n, n)`` inverse assembled diagonal of the level operator, 0 on
+        Dirichlet nodes.
+      lmin, rho: ``()`` the smallest Ritz value of D⁻¹A and the bound ρ of λ_max(D⁻¹A).
+      h1, h2: the coefficients on this level's quadrature points (``None`` where the
+        coefficient is a scalar, kept static on :class:`PMG`).
+      J: ``(n_finer, n)`` GLL-to-GLL interpolation to the next finer level (``None`` on
+        the finest).
+    """
+
+    sem: SEM
+    dinv: jax.Array
+    lmin: jax.Array
+    rho: jax.Array
+    h1: jax.Array | None = None
+    h2: jax.Array | None = None
+    J: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PMG:
+    """A p-multigrid preconditioner built by :func:`setup` (pytree; pass it through
+    :meth:`SEM.local_map` with the solve, then apply :func:`vcycle`).
+
+    Attributes:
+      levels: finest first.
+      operator, diagonal: static ``(sem, h1, h2) -> (u -> A u)`` and ``-> D⁻¹`` of the
+        problem (:func:`jaxsem.models.poisson.operator` and ``jacobi``).
+      scalars: static ``(h1, h2)``; an entry is ``None`` where the coefficient is a field
+        (then each level holds its own).
+      degree, coarse_steps: static smoother degree and coarse Chebyshev steps.
+      options: the :class:`PMGOptions` it was built with.
+    """
+
+    levels: tuple
+    operator: Callable = dataclasses.field(metadata=dict(static=True))
+    diagonal: Callable = dataclasses.field(metadata=dict(static=True))
+    scalars: tuple = dataclasses.field(metadata=dict(static=True))
+    degree: int = dataclasses.field(metadata=dict(static=True))
+    coarse_steps: int = dataclasses.field(metadata=dict(static=True))
+    options: PMGOptions = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def orders(self) -> tuple:
+        return tuple(lv.sem.order for lv in self.levels)
+
+    def coefficients(self, level: int):
+        """``(h1, h2)`` of level ``level``: the static scalars or the level's fields."""
+        lv = self.levels[level]
+        s1, s2 = self.scalars
+        return (s1 if lv.h1 is None else lv.h1), (s2 if lv.h2 is None else lv.h2)
+
+    def level_operator(self, level: int) -> Callable:
+        """The assembled operator ``u -> A_l u`` of level ``level``."""
+        return self.operator(self.levels[level].sem, *self.coefficients(level))
+
+
+def default_orders(order: int) -> tuple:
+    """Halving: ``(p, ⌈p/2⌉, …, 1)``; e.g. 7 → (7, 4, 2, 1), 8 → (8, 4, 2, 1)."""
+    out = [int(order)]
+    while out[-1] > 1:
+        out.append((out[-1] + 1) // 2)
+    return tuple(out)
+
+
+def prolong(J, uc):
+    """Interpolate a level's E-vector to the next finer one: ``(..., E, m, m, m) → (..., E, n, n, n)``.
+
+    ``J: (n, m)`` GLL-to-GLL interpolation; element by element, continuous fields stay
+    continuous (to round-off) and coarse polynomials are reproduced exactly.
+    """
+    return interp(uc, J)
+
+
+def restrict(coarse: SEM, J, mult_fine, rf):
+    """Pᵀ of :func:`prolong` on assembled vectors: ``mask_c·QQᵀ_c Jᵀ(mult_f · r_f)``.
+
+    ``rf: (..., E, n, n, n)`` a continuous (assembled) fine residual; returns the coarse
+    one ``(..., E, m, m, m)``, so that ⟨P u, v⟩_f = ⟨u, R v⟩_c in the multiplicity-weighted
+    products of :meth:`SEM.dot`.
+    """
+    return coarse.mask * coarse.dssum(interp_t(mult_fine * rf, J))
+
+
+def vcycle(pmg: PMG, r):
+    """One V-cycle ``z = M r`` of the preconditioner: ``r, z: (..., E, n, n, n)`` continuous.
+
+    Per level: fourth-kind Chebyshev pre-smoothing from zero, restriction of the
+    residual, the coarser cycle, prolongation, the same smoothing again; on the
+    coarsest level the first-kind Chebyshev solve. Rank-local: call it inside
+    :meth:`SEM.local_map` (with ``pmg`` among the mapped arguments) or on one device.
+    """
+    return _cycle(pmg, 0, r)
+
+
+def _cycle(pmg: PMG, l: int, r):
+    lv = pmg.levels[l]
+    A = pmg.level_operator(l)
+    if l == len(pmg.levels) - 1:
+        return chebyshev.first_kind(A, lv.dinv, lv.lmin, lv.rho, pmg.coarse_steps, r)
+    coarse = pmg.levels[l + 1]
+    x = chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r)
+    rc = restrict(coarse.sem, coarse.J, lv.sem.mult, r - A(x))
+    x = x + prolong(coarse.J, _cycle(pmg, l + 1, rc))
+    return chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r, x)
+
+
+def setup(sem: SEM, mesh: Mesh, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
+          options: PMGOptions = PMGOptions(), partition=None) -> PMG:
+    """Build the p-multigrid preconditioner of ``u ↦ operator(sem, h1, h2)(u)`` on ``sem``.
+
+    Args:
+      sem: the finest discretization (serial, sharded over devices, or one MPI rank's).
+      mesh: the mesh ``sem`` was built from (the coarse levels are numbered from its
+        topology; their coordinates are ``sem.x`` interpolated).
+      operator: ``(sem, h1, h2) -> (u -> A u)``, the assembled operator on any level
+        (:func:`jaxsem.models.poisson.operator`).
+      diagonal: ``(sem, h1, h2) -> D⁻¹``, its inverse assembled diagonal, 0 on Dirichlet
+        nodes (:func:`jaxsem.models.poisson.jacobi`).
+      h1, h2: coefficients: scalars, per element ``(E, 1, 1, 1)`` or per quadrature point
+        ``(E, q, q, q)`` (interpolated to each level's quadrature points).
+      options: :class:`PMGOptions`.
+      partition: the ``(E,)`` rank of each element used to build ``sem`` under MPI when it
+        was not the default (sharded and serial ones are read from ``sem``).
+    Returns a :class:`PMG`. Host work (meshes, numberings, plans) plus one compiled
+    Lanczos run per level; a few seconds at most on a CPU for small meshes.
+    """
+    if not isinstance(sem, SEM):
+        raise TypeError(f"sem must be a jaxsem SEM, got {type(sem).__name__}")
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    if mesh.order != sem.order or not np.isin(sem.host_elements(), np.arange(-1, mesh.num_elements)).all():
+        raise ValueError(f"mesh (order {mesh.order}, {mesh.num_elements} elements) is not the mesh of sem "
+                         f"(order {sem.order})")
+    if not isinstance(options, PMGOptions):
+        raise TypeError(f"options must be a PMGOptions, got {type(options).__name__}")
+    orders = _orders(sem.order, options.orders)
+    scalars = tuple(h if _scalar(h) else None for h in (h1, h2))
+    dirichlet = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
+    dtype = sem.x.dtype
+    place = placement_of(sem, mesh, partition)
+    x_fine = _fine_coordinates(sem, mesh)
+
+    sems = [sem]
+    for order in orders[1:]:
+        Jx = basis.interp_matrix(sem.n, order + 1, "gll", "gll")[0]
+        coarse_mesh = dataclasses.replace(mesh, order=order, x=interp(x_fine, Jx))
+        try:
+            c = discretize(coarse_mesh, quadrature=sem.quadrature, dirichlet=dirichlet,
+                           backend="einsum" if sem.backend.name == "einsum" else "auto", dtype=dtype, **place)
+        except ValueError as err:
+            if "inverted" not in str(err):
+                raise
+            raise ValueError(f"options.orders: the geometry interpolated to order {order} (levels {orders}) "
+                             f"folds: {err}; end the schedule at a higher order") from err
+        if not np.array_equal(c.host_elements(), sem.host_elements()):
+            raise ValueError("partition: the coarse levels were split differently from sem; pass the "
+                             "partition sem was built with")
+        sems.append(c)
+
+    # a pure-Neumann Laplacian is singular (constants): Lanczos then starts in the range of A
+    singular = not dirichlet and scalars[1] == 0
+    steps = options.lanczos_steps
+    levels = []
+    for l, s in enumerate(sems):
+        hs = [None if sc is not None else _coefficient(h, sem, s) for h, sc in zip((h1, h2), scalars)]
+        dinv, lmin, lmax = _measure(s, operator, diagonal, scalars, hs[0], hs[1], steps, singular)
+        if not float(lmax) > 0:  # no unknowns on this level (all Dirichlet): the one above is the coarsest
+            if l == 0:
+                raise ValueError("sem has no unknowns (every node is a Dirichlet node): nothing to precondition")
+            break
+        J = None if l == 0 else jnp.asarray(basis.interp_matrix(s.n, sems[l - 1].n, "gll", "gll")[0], dtype)
+        levels.append(Level(sem=s, dinv=dinv, lmin=lmin, rho=options.safety * lmax, h1=hs[0], h2=hs[1], J=J))
+
+    if options.coarse_steps is not None:
+        coarse_steps = int(options.coarse_steps)
+    else:
+        c = levels[-1]
+        kappa = float(c.rho) / max(float(c.lmin), float(c.rho) * 1e-12)
+        coarse_steps = min(chebyshev.steps_for(kappa, options.coarse_reduction), MAX_COARSE_STEPS)
+    return PMG(levels=tuple(levels), operator=operator, diagonal=diagonal, scalars=scalars,
+               degree=int(options.degree), coarse_steps=coarse_steps, options=options)
+
+
+def _orders(order: int, given) -> tuple:
+    if given is None:
+        return default_orders(order)
+    given = tuple(given)
+    if given[0] != order:
+        given = (order,) + given
+    if any(a <= b for a, b in zip(given, given[1:])):
+        raise ValueError(f"options.orders must decrease strictly from the fine order {order}, got {given}")
+    return given
+
+
+def _scalar(h) -> bool:
+    return isinstance(h, (int, float, np.integer, np.floating)) and not isinstance(h, bool)
+
+
+def _fine_coordinates(sem: SEM, mesh: Mesh) -> np.ndarray:
+    """``(3, E_mesh, n, n, n)`` float64: ``mesh.x`` with the elements ``sem`` holds taken from ``sem.x``."""
+    x = np.array(mesh.x, dtype=np.float64)
+    el = sem.host_elements()
+    keep = el >= 0
+    x[:, el[keep]] = np.asarray(sem.host(sem.x), dtype=np.float64)[:, keep]
+    return x
+
+
+def _coefficient(h, fine: SEM, level: SEM):
+    """A coefficient field on ``fine``'s quadrature points, on ``level``'s (interpolated per element)."""
+    h = jnp.asarray(h, fine.x.dtype)
+    if h.shape[-3:] == (1, 1, 1) or level is fine:
+        return h
+    kind = "gll" if fine.quadrature == "gll" else "gauss"
+    Jq = basis.interp_matrix(fine.J.shape[0], level.J.shape[0], kind, kind)[0]
+    return interp(h, jnp.asarray(Jq, h.dtype))
+
+
+def _start_vector(sem: SEM):
+    """A rough, continuous, masked start vector that depends only on node coordinates
+    (so serial, sharded and MPI runs start Lanczos from the same vector)."""
+    x, y, z = sem.x[0], sem.x[1], sem.x[2]
+    v = jnp.sin(12.9898 * x + 78.233 * y + 37.719 * z) * 43758.5453
+    v = v - jnp.floor(v) - 0.5
+    return sem.mask * sem.dssum(sem.mult * v)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 6, 7))
+def _measure(sem: SEM, operator, diagonal, scalars, h1, h2, steps, singular):
+    """``(dinv, λ_min, λ_max)`` of one level: its Jacobi diagonal and Ritz bounds of D⁻¹A.
+
+    ``scalars``: static ``(h1, h2)`` (``None`` where the coefficient is the field ``h1``/``h2``).
+    ``singular``: A annihilates constants; the start vector A v is orthogonal to them, so
+    the Krylov space (and λ_min) stays off the null space.
+    """
+    def local(s, h1, h2):
+        c1 = scalars[0] if h1 is None else h1
+        c2 = scalars[1] if h2 is None else h2
+        dinv = diagonal(s, c1, c2)
+        A = operator(s, c1, c2)
+        v = _start_vector(s)
+        lmin, lmax = chebyshev.ritz_bounds(A, dinv, A(v) if singular else v, s.dot, steps)
+        return dinv, lmin, lmax
+
+    return sem.local_map(local, h1, h2)

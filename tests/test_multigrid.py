@@ -1,0 +1,426 @@
+"""p-multigrid (jaxsem.solvers.multigrid, jaxsem.solvers.chebyshev): transfers, smoother, V-cycle, iterations.
+
+Transfers: P reproduces coarse polynomials exactly and keeps fields continuous; R = Pᵀ
+in the multiplicity-weighted products. Chebyshev: the fourth-kind error polynomial is
+bounded by 1 and damps the top of the spectrum; Ritz bounds bracket the dense spectrum.
+V-cycle: linear, symmetric and positive. Solves: pMG-PCG to 1e-10 in a few iterations,
+nearly independent of p and h, equal to Jacobi-PCG's solution, for BP5, BP3, BP4 (vector),
+Neumann Helmholtz, pure Neumann, coefficient fields and float32; sharded over forced CPU
+devices equal to serial (this file run as a script in a subprocess, XLA_FLAGS set first).
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsem as js
+from jaxsem.models import poisson
+from jaxsem.solvers import chebyshev, multigrid as mg
+
+
+def pmg_solve(sem, pmg, b, tol=1e-10, h1=1.0, h2=0.0, method="classic", maxiter=1000):
+    """``poisson.solve`` with the V-cycle (pmg) or Jacobi (pmg None), compiled."""
+    return jax.jit(lambda s, p, b: poisson.solve(s, None, h1, h2, tol=tol, maxiter=maxiter, rhs=b, method=method,
+                                                 precond=p))(sem, pmg, b)
+
+
+def setup(sem, mesh, **kw):
+    h1, h2 = kw.pop("h1", 1.0), kw.pop("h2", 0.0)
+    return poisson.pmg(sem, mesh, h1=h1, h2=h2, options=mg.PMGOptions(**kw))
+
+
+def bp_case(bp, K, p, deform=0.1, **kw):
+    mesh = js.box_mesh(K, p, deform=deform)
+    sem = poisson.bp_discretize(mesh, bp, **kw)
+    man = poisson.manufactured(bp)
+    return mesh, sem, poisson.load(sem, man.f)
+
+
+def rotated(mesh, seed):
+    """``mesh`` with every element's local axes permuted and reversed at random (proper
+    rotations only): shared faces meet in every relative orientation."""
+    rng = np.random.default_rng(seed)
+    x, cells = mesh.x.copy(), mesh.cells.copy()
+    for e in range(mesh.num_elements):
+        perm, flips = rng.permutation(3), rng.integers(0, 2, 3)
+        parity = sum(perm[a] > perm[b] for a in range(3) for b in range(a + 1, 3)) % 2
+        flips[0] ^= (parity + flips.sum()) % 2  # determinant +1
+
+        def turn(a):  # a: [k, j, i]
+            a = np.transpose(a, perm)
+            return np.flip(a, tuple(np.nonzero(flips)[0])) if flips.any() else a
+
+        x[:, e] = np.stack([turn(x[d, e]) for d in range(3)])
+        cells[e] = turn(cells[e].reshape(2, 2, 2)).ravel()
+    return dataclasses.replace(mesh, x=x, cells=cells)
+
+
+@functools.lru_cache(maxsize=None)
+def curved():
+    """BP5 on 3³ curved elements of order 4, each element rotated: levels (4, 2, 1)."""
+    mesh = rotated(js.box_mesh(3, 4, deform=0.1), seed=3)
+    sem = poisson.bp_discretize(mesh, 5)
+    return mesh, sem, setup(sem, mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def neumann():
+    """Neumann (h₁, h₂) = (1, 1) on 3³ curved elements of order 4, periodic in x."""
+    mesh = js.box_mesh(3, 4, deform=0.1, periodic=(True, False, False))
+    sem = js.discretize(mesh, dirichlet=False)
+    return mesh, sem, setup(sem, mesh, h2=1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def bp_iterations(bp, K, p):
+    """(pMG iterations, Jacobi iterations or None, relative solution difference) to 1e-10."""
+    mesh, sem, b = bp_case(bp, K, p)
+    u, info = pmg_solve(sem, setup(sem, mesh), b)
+    assert bool(info.converged)
+    if K > 3:
+        return int(info.iterations), None, None
+    uj, infoj = pmg_solve(sem, None, b)
+    assert bool(infoj.converged)
+    return int(info.iterations), int(infoj.iterations), float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj)))
+
+
+def continuous(sem, v):
+    return sem.mask * sem.dssum(sem.mult * v)
+
+
+def rand(sem, seed, lead=()):
+    v = jax.random.normal(jax.random.PRNGKey(seed), lead + sem.mult.shape, sem.x.dtype)
+    return continuous(sem, v)
+
+
+# --- options and levels ------------------------------------------------------------------
+
+def test_default_orders_halve_to_one():
+    assert mg.default_orders(7) == (7, 4, 2, 1)
+    assert mg.default_orders(8) == (8, 4, 2, 1)
+    assert mg.default_orders(2) == (2, 1)
+    assert mg.default_orders(1) == (1,)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(orders=(4, 4, 1)), "decrease"), (dict(orders=(3, 0)), "decrease"), (dict(degree=0), "degree"),
+    (dict(safety=0.9), "safety"), (dict(lanczos_steps=1), "lanczos_steps"),
+    (dict(coarse_reduction=1.0), "coarse_reduction"), (dict(coarse_steps=0), "coarse_steps")])
+def test_options_reject_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        mg.PMGOptions(**kw)
+
+
+def test_setup_rejects_a_schedule_not_below_the_fine_order():
+    mesh = js.box_mesh(2, 3)
+    sem = poisson.bp_discretize(mesh, 5)
+    with pytest.raises(ValueError, match="orders"):
+        setup(sem, mesh, orders=(5, 2))
+    with pytest.raises(TypeError, match="mesh"):
+        mg.setup(sem, sem, poisson.operator, poisson.jacobi)
+    # strongly curved elements fold when their geometry is interpolated to order 1
+    mesh = js.box_mesh(2, 4, deform=0.22)
+    sem = poisson.bp_discretize(mesh, 5)
+    with pytest.raises(ValueError, match="order 1 .* folds"):
+        setup(sem, mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def small():
+    """BP5 on 2³ curved elements of order 3 with the user schedule (3, 1)."""
+    mesh = js.box_mesh(2, 3, deform=0.15)
+    sem = poisson.bp_discretize(mesh, 5)
+    return mesh, sem, setup(sem, mesh, orders=(1,), lanczos_steps=20)
+
+
+def test_user_schedule_and_coarse_geometry_from_the_fine_level():
+    _, sem, pmg = small()
+    assert pmg.orders == (3, 1)
+    # coarse nodes are the fine (curved) coordinates interpolated
+    lv = pmg.levels[1]
+    J = np.asarray(js.basis.interp_matrix(sem.n, lv.sem.n, "gll", "gll")[0])
+    x = np.einsum("ai,bj,ck,dekji->decba", J, J, J, np.asarray(sem.x))
+    np.testing.assert_allclose(np.asarray(lv.sem.x), x, atol=1e-14)
+
+
+# --- transfers ---------------------------------------------------------------------------
+
+def test_prolongation_reproduces_coarse_polynomials():
+    # affine elements: physical polynomials of degree 3 are in the order-3 space
+    fine, coarse = js.discretize(js.box_mesh((2, 3, 2), 6)), js.discretize(js.box_mesh((2, 3, 2), 3))
+    J = jnp.asarray(js.basis.interp_matrix(3 + 1, 6 + 1, "gll", "gll")[0])
+    poly = lambda x, y, z: 1 + x - 2 * y**3 + x * y * z + 0.5 * z**2 * x - x**3 * y**2 * z
+    Pu = mg.prolong(J, coarse.interpolate(poly))
+    np.testing.assert_allclose(np.asarray(Pu), np.asarray(fine.interpolate(poly)), atol=1e-13)
+
+
+def test_prolongation_keeps_fields_continuous():
+    _, _, pmg = curved()
+    for l in range(1, len(pmg.levels)):
+        fine, lv = pmg.levels[l - 1].sem, pmg.levels[l]
+        Pu = mg.prolong(lv.J, rand(lv.sem, l))
+        assert float(jnp.max(jnp.abs(fine.dssum(fine.mult * Pu) - Pu))) < 1e-14 * float(jnp.max(jnp.abs(Pu)))
+
+
+def test_rotated_elements_solve_like_the_box():
+    mesh, sem, pmg = curved()
+    box = js.box_mesh(3, 4, deform=0.1)
+    assert not np.array_equal(mesh.cells, box.cells)
+    b = poisson.load(sem, poisson.manufactured(5).f)
+    u, info = pmg_solve(sem, pmg, b)
+    uj, infoj = pmg_solve(sem, None, b)
+    assert bool(info.converged) and int(info.iterations) <= 15 and int(infoj.iterations) >= 4 * int(info.iterations)
+    assert float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj))) < 1e-9
+    assert abs(bp_iterations(5, 3, 4)[0] - int(info.iterations)) <= 1  # the same mesh, unrotated
+
+
+@pytest.mark.parametrize("case", [curved, neumann])
+def test_restriction_is_the_transpose_of_prolongation(case):
+    _, _, pmg = case()
+    for l in range(1, len(pmg.levels)):
+        fine, lv = pmg.levels[l - 1].sem, pmg.levels[l]
+        uc, vf = rand(lv.sem, 2 * l), rand(fine, 2 * l + 1)
+        lhs = fine.dot(mg.prolong(lv.J, uc), vf)
+        rhs = lv.sem.dot(uc, mg.restrict(lv.sem, lv.J, fine.mult, vf))
+        assert abs(float(lhs - rhs)) < 1e-13 * abs(float(lhs)), (l, float(lhs), float(rhs))
+
+
+# --- Chebyshev -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+def test_fourth_kind_error_polynomial(degree):
+    """Scalar problems λx = λ: the error 1 − x is the smoother's polynomial e(λ)."""
+    lam = jnp.linspace(1e-6, 1.0, 4001)
+    x = chebyshev.fourth_kind(lambda u: lam * u, 1.0, 1.0, degree, lam)
+    e = 1 - x
+    assert float(jnp.max(jnp.abs(e))) <= 1.0
+    assert abs(float(e[-1])) <= 1 / (2 * degree + 1) + 1e-12
+    # the energy-weighted error √λ·|e| is bounded by 1/(2k+1) (Lottes 2023)
+    assert float(jnp.max(jnp.sqrt(lam) * jnp.abs(e))) <= 1 / (2 * degree + 1) + 1e-12
+
+
+def test_first_kind_solves_on_its_interval():
+    lam = jnp.linspace(0.01, 1.0, 1001)
+    for k in (5, 20):
+        x = chebyshev.first_kind(lambda u: lam * u, 1.0, 0.01, 1.0, k, lam)
+        bound = 2 * ((10 - 1) / (10 + 1)) ** k
+        assert float(jnp.max(jnp.abs(1 - x))) <= bound
+    assert chebyshev.steps_for(100.0, 0.1) == 15  # 2·(9/11)^15 ≈ 0.098
+
+
+def dense_operator(sem, h1=1.0, h2=0.0):
+    """The assembled matrix on free global nodes, and its Jacobi diagonal (small meshes only)."""
+    gid = np.asarray(sem.gs.gid).reshape(sem.mult.shape)
+    N = int(gid.max()) + 1
+    A = poisson.operator(sem, h1, h2)
+    cols = jax.vmap(lambda i: A((jnp.asarray(gid) == i).astype(sem.x.dtype) * sem.mask))(jnp.arange(N))
+    first = np.unique(gid.ravel(), return_index=True)[1]
+    M = np.asarray(cols).reshape(N, -1)[:, first]
+    free = np.asarray(sem.mask).ravel()[first] > 0
+    return M[np.ix_(free, free)]
+
+
+def test_ritz_bounds_bracket_the_spectrum():
+    _, sem, pmg = small()
+    M = dense_operator(sem)
+    d = np.diag(M)
+    lam = np.linalg.eigvalsh(M / np.sqrt(np.outer(d, d)))
+    lv = pmg.levels[0]
+    lmax = float(lv.rho) / pmg.options.safety
+    assert lam[-1] >= lmax > 0.97 * lam[-1]  # from below, close after 20 steps
+    assert float(lv.rho) > lam[-1]  # the bound the smoother uses
+    assert float(lv.lmin) >= lam[0] * (1 - 1e-10)
+
+
+def test_chebyshev_smoother_damps_rough_error():
+    _, sem, pmg = curved()
+    lv = pmg.levels[0]
+    A = pmg.level_operator(0)
+    energy = lambda e: float(jnp.sqrt(sem.dot(e, A(e))))
+    smooth = lambda e, k: e - chebyshev.fourth_kind(A, lv.dinv, lv.rho, k, A(e))
+    rough = rand(sem, 7)
+    gentle = continuous(sem, sem.interpolate(lambda x, y, z: jnp.sin(jnp.pi * x) * jnp.sin(jnp.pi * y)
+                                             * jnp.sin(jnp.pi * z)))
+    r_rough = [energy(smooth(rough, k)) / energy(rough) for k in (1, 2, 3, 4)]
+    r_gentle = [energy(smooth(gentle, k)) / energy(gentle) for k in (1, 2, 3, 4)]
+    assert r_rough[0] < 0.5 and all(a > b for a, b in zip(r_rough, r_rough[1:])) and r_rough[-1] < 0.15
+    assert min(r_gentle) > 0.85
+
+
+# --- the V-cycle -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [curved, neumann])
+def test_vcycle_is_linear_symmetric_and_positive(case):
+    _, sem, pmg = case()
+    M = jax.jit(mg.vcycle)
+    u, v = rand(sem, 1), rand(sem, 2)
+    Mu, Mv = M(pmg, u), M(pmg, v)
+    scale = float(sem.dot(Mu, u))
+    assert abs(float(sem.dot(Mu, v) - sem.dot(u, Mv))) < 1e-12 * scale
+    lin = M(pmg, 2.5 * u - v) - (2.5 * Mu - Mv)
+    assert float(jnp.max(jnp.abs(lin))) < 1e-12 * float(jnp.max(jnp.abs(Mu)))
+    for seed in range(3, 8):
+        w = rand(sem, seed)
+        assert float(sem.dot(M(pmg, w), w)) > 0
+    # and a good preconditioner: M A ≈ I on rough vectors, eigenvalues of M A in (0, 2)
+    A = pmg.level_operator(0)
+    ratio = float(sem.dot(M(pmg, A(u)), A(u)) / sem.dot(u, A(u)))
+    assert 0.2 < ratio < 2.0
+
+
+# --- solves ----------------------------------------------------------------------------------
+
+def test_pmg_needs_few_iterations_independent_of_order():
+    its = {p: bp_iterations(5, 3, p) for p in (2, 4, 6)}
+    # measured: p = 2, 4, 6 -> 9, 12, 15 (pMG) vs 25, 66, 113 (Jacobi)
+    for p, (it, itj, _) in its.items():
+        assert it <= 16 and itj >= 2.5 * it, its
+    assert its[6][0] <= 1.7 * its[2][0] and its[6][1] >= 7 * its[6][0], its
+
+
+def test_pmg_solution_equals_jacobi():
+    for p in (2, 4, 6):
+        assert bp_iterations(5, 3, p)[2] < 1e-9
+
+
+def test_pmg_iterations_nearly_independent_of_h():
+    its = {K: bp_iterations(5, K, 4)[0] for K in (2, 3, 6)}
+    # measured: 10, 12, 14
+    assert max(its.values()) <= 15 and its[6] <= 1.5 * its[2], its
+
+
+def test_bp3_gauss():
+    it, itj, diff = bp_iterations(3, 3, 5)
+    assert it <= 14 and itj >= 4 * it and diff < 1e-9, (it, itj, diff)
+
+
+def test_bp4_vector_field():
+    mesh, sem, b = bp_case(4, 2, 3)
+    pmg = setup(sem, mesh)
+    u, info = pmg_solve(sem, pmg, b)
+    uj, _ = pmg_solve(sem, None, b)
+    assert u.shape == (3,) + sem.mult.shape and bool(info.converged) and int(info.iterations) <= 12
+    assert float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj))) < 1e-9
+
+
+def test_neumann_helmholtz_coefficient_fields_and_classic_pcg():
+    mesh, sem, pmg = neumann()
+    E = sem.num_elements
+    xq = sem.geom.xq
+    h1 = 1.0 + 0.5 * jnp.sin(2 * xq[0]) * xq[1]  # per point (E, q, q, q)
+    h2 = jnp.linspace(0.5, 2.0, E).reshape(E, 1, 1, 1)  # per element
+    b = poisson.load(sem, lambda x, y, z: jnp.cos(jnp.pi * x) + y * z)
+    for c1, c2 in ((1.0, 1.0), (h1, h2)):
+        if c1 is h1:
+            pmg = mg.setup(sem, mesh, poisson.operator, poisson.jacobi, h1=c1, h2=c2)
+        u, info = pmg_solve(sem, pmg, b, h1=c1, h2=c2, method="classic")
+        uj, infoj = pmg_solve(sem, None, b, h1=c1, h2=c2)
+        assert bool(info.converged) and int(info.iterations) <= 12 < int(infoj.iterations)
+        assert float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj))) < 1e-9
+    assert pmg.levels[1].h1.shape == (E,) + (pmg.levels[1].sem.n,) * 3 and pmg.levels[1].h2.shape == (E, 1, 1, 1)
+
+
+def test_pure_neumann_laplacian():
+    """Singular (constants): a consistent right-hand side A u*, solution u* up to a constant."""
+    mesh = js.box_mesh(3, 5, deform=0.1)
+    sem = js.discretize(mesh, dirichlet=False)
+    pmg = setup(sem, mesh)
+    assert 0 < float(pmg.levels[-1].lmin) and pmg.coarse_steps < 50
+    ustar = sem.interpolate(lambda x, y, z: jnp.cos(jnp.pi * x) * jnp.cos(2 * jnp.pi * y) + z**2)
+    b = poisson.operator(sem)(ustar)
+    u, info = pmg_solve(sem, pmg, b)
+    assert bool(info.converged) and int(info.iterations) <= 15
+    d = u - ustar
+    assert float(jnp.max(jnp.abs(d - jnp.mean(d)))) < 1e-8
+
+
+def test_float32():
+    mesh = js.box_mesh(2, 4, deform=0.1)
+    sem = poisson.bp_discretize(mesh, 5, dtype=jnp.float32)
+    b = poisson.load(sem, poisson.manufactured(5).f)
+    pmg = setup(sem, mesh)
+    assert pmg.levels[-1].dinv.dtype == jnp.float32
+    u, info = pmg_solve(sem, pmg, b, tol=1e-5)
+    uj, infoj = pmg_solve(sem, None, b, tol=1e-5)
+    assert u.dtype == jnp.float32 and bool(info.converged) and int(info.iterations) <= 8 < int(infoj.iterations)
+    assert float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj))) < 1e-4
+
+
+def test_gradient_through_a_pmg_solve_equals_jacobi():
+    _, sem, pmg = small()
+    g = sem.geom
+    f0 = poisson.manufactured(5).f(g.xq[0], g.xq[1], g.xq[2])
+    w = sem.interpolate(lambda x, y, z: x * y + z)
+
+    def loss(f, p):
+        u, _ = pmg_solve(sem, p, poisson.load(sem, f), tol=1e-12)
+        return sem.dot(u, w)
+
+    gp, gj = jax.grad(loss)(f0, pmg), jax.grad(loss)(f0, None)
+    assert float(jnp.max(jnp.abs(gp - gj)) / jnp.max(jnp.abs(gj))) < 1e-9
+
+
+# --- sharded over forced CPU devices -----------------------------------------------------
+
+def shard_check(P: int) -> dict:
+    """BP5 and a periodic Neumann Helmholtz problem, serial and sharded over P devices."""
+    from jaxsem.discretization import to_mesh_order
+
+    out = {}
+    cases = {"bp5": (js.box_mesh((4, 3, 2), 4, deform=0.1), True, 0.0),
+             "periodic_helmholtz": (js.box_mesh((4, 2, 3), 3, deform=0.1, periodic=(True, True, False)), False, 1.0)}
+    for name, (mesh, dirichlet, h2) in cases.items():
+        res = {}
+        for key, devices in (("serial", None), ("shard", P)):
+            sem = js.discretize(mesh, dirichlet=dirichlet, devices=devices)
+            pmg = setup(sem, mesh, h2=h2)
+            b = poisson.load(sem, lambda x, y, z: jnp.sin(3 * x) * jnp.cos(2 * y) + z)
+            u, info = pmg_solve(sem, pmg, b, h2=h2)
+            res[key] = (to_mesh_order(sem, u), int(info.iterations), bool(info.converged),
+                        [float(lv.rho) for lv in pmg.levels], pmg.coarse_steps)
+        (us, its, cs, rs, ks), (ud, itd, cd, rd, kd) = res["serial"], res["shard"]
+        out[name] = dict(err=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))), iterations=[itd, its],
+                         converged=[cd, cs], rho_err=float(np.max(np.abs(np.subtract(rs, rd)) / np.asarray(rs))),
+                         coarse_steps=[kd, ks])
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sharded_run():
+    """The sharded check, started before the serial tests so that they overlap."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, __file__, "shard", "3"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_sharded_equals_serial(sharded_run):
+    try:
+        text, _ = sharded_run.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        sharded_run.kill()
+        text, _ = sharded_run.communicate()
+    lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
+    assert sharded_run.returncode == 0 and lines, text[-4000:]
+    res = json.loads(lines[-1][7:])
+    for name, r in res.items():
+        assert r["err"] < 1e-11 and r["rho_err"] < 1e-12, (name, r)
+        assert r["iterations"][0] == r["iterations"][1] and all(r["converged"]), (name, r)
+        assert r["coarse_steps"][0] == r["coarse_steps"][1]
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() >= int(sys.argv[2]), jax.devices()
+    print("RESULT " + json.dumps(shard_check(int(sys.argv[2]))))
