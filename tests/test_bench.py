@@ -48,12 +48,12 @@ def test_cuda_kernel_record():
     from jaxsem.operators.bk import BK_SPECS
 
     u1, u3 = jnp.zeros((4, 8, 8, 8)), jnp.zeros((3, 4, 8, 8, 8))
-    assert bench._kernel_record(BK_SPECS[1], "cuda", u1) == dict(
+    assert bench.kernel_record(BK_SPECS[1], "cuda", u1) == dict(
         zip(("cuda_variant", "cuda_prefetch"), ck.defaults("mass", u1)))
-    assert bench._kernel_record(BK_SPECS[6], "cuda", u3) == dict(
+    assert bench.kernel_record(BK_SPECS[6], "cuda", u3) == dict(
         zip(("cuda_variant", "cuda_prefetch"), ck.TUNING["bk5", 8, True, "float64"]))
-    assert bench._kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
-    assert bench._kernel_record(BK_SPECS[5], "einsum", u1) == {}
+    assert bench.kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
+    assert bench.kernel_record(BK_SPECS[5], "einsum", u1) == {}
     r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, backend="einsum")
     assert "cuda_variant" not in r and "cuda_prefetch" not in r
 

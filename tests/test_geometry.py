@@ -74,3 +74,17 @@ def test_geometry_is_differentiable_in_coordinates():
     eps = 1e-6
     fd = (vol(x + eps * v) - vol(x - eps * v)) / (2 * eps)
     assert abs(float(g - fd)) < 1e-7 * max(1.0, abs(float(fd)))
+
+
+def test_with_coordinates_refuses_inverted_elements():
+    """SEM.with_coordinates checks shape and orientation (mirroring an element inverts it)."""
+    import jaxsem as js
+
+    sem = js.discretize(js.box_mesh((2, 1, 1), 2, deform=0.1))
+    with pytest.raises(ValueError, match="x must have shape"):
+        sem.with_coordinates(sem.x[:, :1])
+    x = np.array(sem.x)
+    x[0, 1] = x[0, 1, :, :, ::-1]  # element 1 mirrored in r
+    with pytest.raises(ValueError, match="element 1 is inverted"):
+        sem.with_coordinates(x)
+    assert sem.with_coordinates(sem.x * 2.0).x.shape == sem.x.shape

@@ -47,7 +47,7 @@ from ..solvers.pcg import pcg
 
 __all__ = [
     "PROBLEMS", "bench", "bench_bk", "bench_bp", "bytes_per_dof", "measure_bandwidth",
-    "device_info", "count_dofs", "time_bk", "time_bp", "bp_run", "rates", "time_median", "check_problem", "time_to_solution",
+    "device_info", "count_dofs", "time_bk", "time_bp", "bp_run", "rates", "time_median", "check_problem", "time_to_solution", "kernel_record",
 ]
 
 PROBLEMS = tuple(f"bk{k}" for k in BK_SPECS) + tuple(f"bp{k}" for k in BK_SPECS)
@@ -240,7 +240,7 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, 
     return rates(result, bandwidth)
 
 
-def _kernel_record(spec, used: str, u) -> dict:
+def kernel_record(spec, used: str, u) -> dict:
     """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
     (:func:`jaxsem.backends.cuda.defaults` for this operator and ``u``)."""
     if used != "cuda":
@@ -280,7 +280,7 @@ def time_bk(spec, sem, repeats: int = 10, seed: int = 0, progress=None, inner: i
     dofs = spec.components * points
     used = sem.backend.name
     return dict(
-        problem=f"bk{spec.number}", backend=used, **_kernel_record(spec, used, u), order=sem.order, num_elements=E,
+        problem=f"bk{spec.number}", backend=used, **kernel_record(spec, used, u), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(dt).name,
         iterations=1, repeats=repeats, inner=inner, seconds=seconds, seconds_min=min(times), times=times,
         compile_seconds=compile_s, dofs_per_second=dofs / seconds,
@@ -374,7 +374,7 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     r0 = float(info.residual0)
     used = sem.backend.name
     return dict(
-        problem=f"bp{k}", backend=used, **_kernel_record(spec, used, b), order=sem.order, num_elements=E,
+        problem=f"bp{k}", backend=used, **kernel_record(spec, used, b), order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import basis
 
-__all__ = ["Quadrature", "quadrature", "Geometry", "geometric_factors", "factors", "to_quadrature", "G_PAIRS"]
+__all__ = ["Quadrature", "quadrature", "Geometry", "geometric_factors", "factors", "check_orientation", "to_quadrature", "G_PAIRS"]
 
 G_PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))  # rr, rs, rt, ss, st, tt
 
@@ -114,16 +114,25 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
         raise ValueError(f"x must have shape (3, E, {n}, {n}, {n}), got {tuple(x.shape)}")
     dt = x.dtype
     geom = factors(x, jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
-    if check and not isinstance(geom.jac, jax.core.Tracer):
-        jmin = np.asarray(jnp.min(geom.jac.reshape(geom.jac.shape[0], -1), axis=1))
-        bad = np.nonzero(~(jmin > 0))[0]
-        if bad.size:
-            e = int(bad[0])
-            raise ValueError(
-                f"element {e} is inverted or degenerate: min Jacobian determinant {jmin[e]:.3e} <= 0 "
-                f"({bad.size} bad element(s) in all)"
-            )
+    if check:
+        check_orientation(geom.jac)
     return geom
+
+
+def check_orientation(jac, valid=None) -> None:
+    """Raise ``ValueError`` naming the first element whose Jacobian ``jac: (E, q, q, q)`` is ≤ 0
+    somewhere (inverted or degenerate); ``valid: (E,)`` skips pad elements. Nothing when traced."""
+    if isinstance(jac, jax.core.Tracer):
+        return
+    jmin = np.asarray(jnp.min(jac.reshape(jac.shape[0], -1), axis=1))
+    ok = jmin > 0 if valid is None else (jmin > 0) | ~np.asarray(valid, bool)
+    bad = np.nonzero(~ok)[0]
+    if bad.size:
+        e = int(bad[0])
+        raise ValueError(
+            f"element {e} is inverted or degenerate: min Jacobian determinant {jmin[e]:.3e} <= 0 "
+            f"({bad.size} bad element(s) in all)"
+        )
 
 
 @functools.partial(jax.jit, static_argnums=4)

@@ -86,13 +86,15 @@ class SEM(Discretization):
 
         Geometry (G, B, Jacobians, mass weights) is recomputed from ``x`` with
         ``jnp``, so ``jax.grad`` through a solve on the result gives shape
-        derivatives. Topology, numbering and masks are kept.
+        derivatives. Topology, numbering and masks are kept. Raises ``ValueError`` for
+        another shape or (concrete ``x``) an inverted element, naming it.
         """
         x = jnp.asarray(x, self.x.dtype)
         if x.shape != self.x.shape:
             raise ValueError(f"x must have shape {self.x.shape}, got {x.shape}")
         coll = self.quadrature == "gll"
         geom = geo.factors(x, self.J, self.Dt, self.w, coll)
+        geo.check_orientation(geom.jac, None if isinstance(self.elements, jax.core.Tracer) else self.elements >= 0)
         if coll:
             bmass = geom.B
         else:
