@@ -84,7 +84,7 @@ def run_case(bp, K, p, args) -> dict:
     t = time.perf_counter()
     jax.block_until_ready(poisson.pmg(sem, mesh, options=options))
     setup_warm = time.perf_counter() - t
-    row = dict(bp=bp, elements=K, order=p, dofs=K**3 * p**3, orders=list(pmg.orders), coarse_steps=pmg.coarse_steps,
+    row = dict(bp=bp, backend=sem.backend.name, elements=K, order=p, dofs=K**3 * p**3, orders=list(pmg.orders), coarse_steps=pmg.coarse_steps,
                rho=[float(lv.rho) for lv in pmg.levels], coarse_lmin=float(pmg.levels[-1].lmin),
                setup_seconds=setup_cold, setup_seconds_warm=setup_warm, tols={})
     for tol in args.tols:

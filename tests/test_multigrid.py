@@ -424,3 +424,20 @@ if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
     jax.config.update("jax_enable_x64", True)
     assert jax.device_count() >= int(sys.argv[2]), jax.devices()
     print("RESULT " + json.dumps(shard_check(int(sys.argv[2]))))
+
+
+def test_gradient_through_a_pmg_solve_equals_central_differences():
+    """d/dh1 of a functional of the pMG-PCG solution (the preconditioner built once, for h1 = 1,
+    and not differentiated) equals the central difference."""
+    _, sem, pmg = small()
+    f = poisson.manufactured(5).f
+    w = sem.interpolate(lambda x, y, z: x * y + z)
+
+    def loss(h1):
+        u, _ = jax.jit(lambda s, p, h: poisson.solve(s, f, h, 0.0, tol=1e-13, precond=p))(sem, pmg, h1)
+        return sem.dot(u, w)
+
+    h, eps = 1.3, 1e-4
+    g = float(jax.grad(loss)(h))
+    fd = (float(loss(h + eps)) - float(loss(h - eps))) / (2 * eps)
+    assert abs(g - fd) < 1e-7 * abs(fd)
