@@ -12,14 +12,17 @@ from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 
 
-@pytest.mark.parametrize("backend", ["auto", "einsum"])
-def test_cli_solve_distributed(comm, capsys, backend):
-    code = main(["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--backend", backend, "--json",
-                 "-q"])
+@pytest.mark.parametrize("backend, precond", [("auto", "jacobi"), ("einsum", "jacobi"), ("einsum", "pmg")])
+def test_cli_solve_distributed(comm, capsys, backend, precond):
+    """The distributed CLI solve takes the serial library solve's iterations and error."""
+    mesh = box_mesh((4, 2, 2), 3, deform=0.1)
+    code = main(["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--backend", backend,
+                 "--precond", precond, "--json", "-q"])
     out = capsys.readouterr().out
-    sem = discretize(box_mesh((4, 2, 2), 3, deform=0.1), comm=Comm())
+    sem = discretize(mesh, comm=Comm())
     ms = poisson.manufactured(5)
-    u, info = jax.jit(lambda s: poisson.solve(s, ms.f, tol=1e-10))(sem)
+    pre = poisson.pmg(sem, mesh) if precond == "pmg" else None
+    u, info = jax.jit(lambda s, p: poisson.solve(s, ms.f, tol=1e-10, precond=p))(sem, pre)
     l2, _ = poisson.relative_errors(sem, u, ms.u)
     assert code == 0
     if comm.rank == 0:
