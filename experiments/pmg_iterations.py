@@ -77,7 +77,8 @@ def run_case(bp, K, p, args) -> dict:
     mesh = box_mesh(K, p, deform=args.deform)
     sem = poisson.bp_discretize(mesh, bp, dtype=jnp.dtype(args.dtype), backend=args.backend)
     b = poisson.load(sem, poisson.manufactured(bp).f)
-    options = multigrid.PMGOptions(degree=args.degree, coarse_reduction=args.coarse_reduction)
+    options = multigrid.PMGOptions(degree=args.degree, coarse_reduction=args.coarse_reduction,
+                                   dtype=args.cycle_dtype)
     t = time.perf_counter()
     pmg = jax.block_until_ready(poisson.pmg(sem, mesh, options=options))
     setup_cold = time.perf_counter() - t
@@ -149,6 +150,8 @@ def main(argv=None):
     ap.add_argument("--method", default="classic", choices=("classic", "single-reduction"),
                     help="PCG variant (both apply the preconditioner once per iteration)")
     ap.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    ap.add_argument("--cycle-dtype", default=None, choices=("float32",),
+                    help="run the V-cycle in float32 inside the --dtype solve (flexible CG)")
     ap.add_argument("--backend", default="auto", choices=("auto", "einsum", "cuda"))
     ap.add_argument("--maxiter", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per solve (best kept)")
@@ -175,7 +178,8 @@ def main(argv=None):
     dev = jax.devices()[0]
     res = dict(experiment="pmg_iterations", device=dev.platform, device_kind=dev.device_kind,
                jax_version=jax.__version__, jaxsem_commit=rev, command="python " + " ".join(sys.argv),
-               deform=args.deform, degree=args.degree, method=args.method, dtype=args.dtype, rows=rows)
+               deform=args.deform, degree=args.degree, method=args.method, dtype=args.dtype,
+               cycle_dtype=args.cycle_dtype or args.dtype, rows=rows)
     out = pathlib.Path(args.out)
     out.write_text(json.dumps(res, indent=1))
     _plot(rows, out.with_suffix(".png"))

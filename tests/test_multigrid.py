@@ -354,6 +354,26 @@ def test_float32():
     assert float(jnp.max(jnp.abs(u - uj)) / jnp.max(jnp.abs(uj))) < 1e-4
 
 
+def test_float32_cycle_inside_a_float64_solve():
+    """PMGOptions(dtype="float32"): every level (the finest again) in float32, the outer solve
+    float64 (flexible CG). The float64 tolerance 1e-10 is met, with the iterations of the
+    float64 cycle, and the solution equals the all-float64 one to the tolerance."""
+    mesh, sem, b = bp_case(5, 3, 5)
+    p64 = setup(sem, mesh)
+    p32 = setup(sem, mesh, dtype="float32")
+    assert p32.dtype == jnp.float32 and all(lv.sem.x.dtype == jnp.float32 for lv in p32.levels)
+    assert p32.orders == p64.orders and p32.levels[0].sem is not sem
+    z = mg.vcycle(p32, b)
+    assert z.dtype == jnp.float64
+    z64 = mg.vcycle(p64, b)
+    assert 1e-9 < float(jnp.max(jnp.abs(z - z64)) / jnp.max(jnp.abs(z64))) < 1e-4  # a float32 cycle, not a copy
+    u64, i64 = pmg_solve(sem, p64, b)
+    u32, i32 = pmg_solve(sem, p32, b)
+    assert u32.dtype == jnp.float64 and bool(i32.converged) and float(i32.true_relative_residual) <= 1e-10
+    assert int(i32.iterations) <= int(i64.iterations) + 1, (int(i32.iterations), int(i64.iterations))
+    assert float(jnp.max(jnp.abs(u32 - u64)) / jnp.max(jnp.abs(u64))) < 1e-9
+
+
 def test_gradient_through_a_pmg_solve_equals_jacobi():
     _, sem, pmg = small()
     g = sem.geom

@@ -136,9 +136,12 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       h1, h2: coefficients ≥ 0, not both zero: scalars, per element ``(E, 1, 1, 1)`` or
         per quadrature point ``(E, q, q, q)``.
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
-      method: PCG variant, ``"classic"`` or ``"single-reduction"`` (see :func:`jaxsem.solvers.pcg`).
+      method: PCG variant, ``"classic"``, ``"single-reduction"`` or ``"flexible"`` (see
+        :func:`jaxsem.solvers.pcg`).
       precond: None (Jacobi) or a p-multigrid preconditioner from :func:`pmg` built for this
-        ``sem``, ``h1`` and ``h2`` (a fixed SPD operator, so plain PCG stays correct).
+        ``sem``, ``h1`` and ``h2`` (a fixed SPD operator, so plain PCG stays correct; a
+        float32 cycle in a float64 solve, ``PMGOptions(dtype="float32")``, is not exactly
+        linear, and ``method="classic"`` then runs as ``"flexible"``).
     Returns ``(u, PCGInfo)``; ``u: (E, n, n, n)`` (or ``(3, E, n, n, n)``).
     Raises ``ValueError`` naming the argument, before any solve, for a coefficient of
     another shape, and for NaN/Inf or negative values in ``f``, ``h1``, ``h2`` or ``rhs``
@@ -204,6 +207,8 @@ def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method, precond):
         M = lambda r: dinv * r
     else:
         M = lambda r: multigrid.vcycle(precond, r)
+    if precond is not None and precond.dtype != sem.x.dtype and method == "classic":
+        method = "flexible"
     weight = sem.mult * sem.mask
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(

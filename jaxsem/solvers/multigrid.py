@@ -68,6 +68,11 @@ class PMGOptions:
         its error by this factor on the estimated interval (from κ = ρ/λ_min at setup).
       coarse_steps: a fixed number of coarse Chebyshev steps instead (``None``: from
         ``coarse_reduction``).
+      dtype: the V-cycle's precision: ``None`` (the solve's) or ``"float32"``: every level,
+        the finest included, is rediscretized in float32 and the cycle casts the residual
+        down and the correction up (NekRS's mixed-precision multigrid: half the bytes per
+        smoothing pass). The cycle is then no longer exactly one fixed linear operator,
+        so :func:`jaxsem.models.poisson.solve` runs flexible CG with it.
     """
 
     orders: tuple | None = None
@@ -76,6 +81,7 @@ class PMGOptions:
     lanczos_steps: int = 20
     coarse_reduction: float = 0.1
     coarse_steps: int | None = None
+    dtype: str | None = None
 
     def __post_init__(self):
         if self.orders is not None:
@@ -103,6 +109,8 @@ class PMGOptions:
                                               or not isinstance(self.coarse_steps, (int, np.integer))
                                               or not 1 <= self.coarse_steps <= 10000):
             raise ValueError(f"coarse_steps must be None or an integer in [1, 10000], got {self.coarse_steps!r}")
+        if self.dtype not in (None, "float32", "float64"):
+            raise ValueError(f"dtype must be None, 'float32' or 'float64', got {self.dtype!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -158,6 +166,11 @@ class PMG:
     def orders(self) -> tuple:
         return tuple(lv.sem.order for lv in self.levels)
 
+    @property
+    def dtype(self):
+        """The V-cycle's floating-point type (that of its levels)."""
+        return self.levels[0].sem.x.dtype
+
     def coefficients(self, level: int):
         """``(h1, h2)`` of level ``level``: the static scalars or the level's fields."""
         lv = self.levels[level]
@@ -203,8 +216,9 @@ def vcycle(pmg: PMG, r):
     residual, the coarser cycle, prolongation, the same smoothing again; on the
     coarsest level the first-kind Chebyshev solve. Rank-local: call it inside
     :meth:`SEM.local_map` (with ``pmg`` among the mapped arguments) or on one device.
+    ``r`` is cast to the cycle's dtype (:attr:`PMG.dtype`) and ``z`` back to ``r``'s.
     """
-    return _cycle(pmg, 0, r)
+    return _cycle(pmg, 0, r.astype(pmg.dtype)).astype(r.dtype)
 
 
 def _cycle(pmg: PMG, l: int, r):
@@ -251,17 +265,21 @@ def setup(sem: SEM, mesh: Mesh, operator: Callable, diagonal: Callable, h1=1.0, 
     orders = _orders(sem.order, options.orders)
     scalars = tuple(h if _scalar(h) else None for h in (h1, h2))
     dirichlet = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
-    dtype = sem.x.dtype
+    dtype = sem.x.dtype if options.dtype is None else jnp.dtype(options.dtype)
     place = placement_of(sem, mesh, partition)
     x_fine = _fine_coordinates(sem, mesh)
+    backend = "einsum" if sem.backend.name == "einsum" else "auto"
 
     sems = [sem]
+    if dtype != sem.x.dtype:  # the finest level again, in the cycle's precision
+        sems = [discretize(dataclasses.replace(mesh, x=x_fine), quadrature=sem.quadrature, dirichlet=dirichlet,
+                           backend=backend, dtype=dtype, **place)]
     for order in orders[1:]:
         Jx = basis.interp_matrix(sem.n, order + 1, "gll", "gll")[0]
         coarse_mesh = dataclasses.replace(mesh, order=order, x=interp(x_fine, Jx))
         try:
             c = discretize(coarse_mesh, quadrature=sem.quadrature, dirichlet=dirichlet,
-                           backend="einsum" if sem.backend.name == "einsum" else "auto", dtype=dtype, **place)
+                           backend=backend, dtype=dtype, **place)
         except ValueError as err:
             if "inverted" not in str(err):
                 raise
@@ -321,9 +339,10 @@ def _fine_coordinates(sem: SEM, mesh: Mesh) -> np.ndarray:
 
 
 def _coefficient(h, fine: SEM, level: SEM):
-    """A coefficient field on ``fine``'s quadrature points, on ``level``'s (interpolated per element)."""
-    h = jnp.asarray(h, fine.x.dtype)
-    if h.shape[-3:] == (1, 1, 1) or level is fine:
+    """A coefficient field on ``fine``'s quadrature points, on ``level``'s (interpolated per element,
+    in ``level``'s dtype)."""
+    h = jnp.asarray(h, level.x.dtype)
+    if h.shape[-3:] == (1, 1, 1) or level.n == fine.n:
         return h
     kind = "gll" if fine.quadrature == "gll" else "gauss"
     Jq = basis.interp_matrix(fine.J.shape[0], level.J.shape[0], kind, kind)[0]

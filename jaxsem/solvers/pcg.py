@@ -38,6 +38,8 @@ __all__ = ["PCGInfo", "pcg", "linear_solve", "min_tol"]
 # weighted norms add O(eps) relative errors of their own.
 TOL_EPS = 10
 
+METHODS = ("classic", "single-reduction", "flexible")
+
 
 class PCGInfo(NamedTuple):
     """What a PCG run did (all arrays; under ``vmap`` one per batch member).
@@ -79,8 +81,8 @@ def _check_options(tol, maxiter, method, b):
     """Refuse bad static options before anything is traced; errors name the argument."""
     if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
         raise ValueError(f"maxiter must be an integer >= 1, got {maxiter!r}")
-    if method not in ("classic", "single-reduction"):
-        raise ValueError(f"method must be 'classic' or 'single-reduction', got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
     if isinstance(tol, jax.core.Tracer):
         raise ValueError("tol must be a concrete number (it decides the loop's exit statically), got a traced value")
     real = isinstance(tol, (int, float, np.integer, np.floating)) or (
@@ -146,7 +148,11 @@ def pcg(
       method: ``"classic"`` (Hestenes–Stiefel: two global reductions per
         iteration) or ``"single-reduction"`` (Chronopoulos & Gear 1989: the
         same iterates in exact arithmetic, one reduction of three inner
-        products per iteration; latency-bound multi-GPU runs want it).
+        products per iteration; latency-bound multi-GPU runs want it) or
+        ``"flexible"`` (classic with the Polak–Ribière β = (z₊, r₊ − r)/(z, r) of
+        Notay's flexible CG, one more inner product in the same reduction, z kept: for a
+        preconditioner that is not exactly a fixed linear operator, such as a float32
+        V-cycle inside a float64 solve).
       keep_z: ``"classic"`` keeps z = M r between the reduction and the update
         instead of applying M twice: one vector more to store, for a preconditioner
         that costs more than a pass over a vector (multigrid; Jacobi recomputes).
@@ -166,8 +172,10 @@ def pcg(
     M = precond if precond is not None else (lambda r: r)
     if dots is None:
         dots = lambda pairs: jnp.stack([dot(u, v) for u, v in pairs])
-    run = _classic(A, M, dot, dots, maxiter, keep_z) if method == "classic" else \
-        _single_reduction(A, M, dot, dots, maxiter)
+    if method == "single-reduction":
+        run = _single_reduction(A, M, dot, dots, maxiter)
+    else:
+        run = _classic(A, M, dot, dots, maxiter, keep_z or method == "flexible", method == "flexible")
 
     x = jnp.zeros_like(b) if x0 is None else x0
     r = b - A(x) if x0 is not None else b
@@ -206,9 +214,11 @@ def pcg(
     return x, PCGInfo(it, jnp.sqrt(rr), bnorm, converged, jnp.sqrt(hist), rel, breakdown)
 
 
-def _classic(A, M, dot, dots, maxiter, keep_z=False):
+def _classic(A, M, dot, dots, maxiter, keep_z=False, flexible=False):
     """Hestenes–Stiefel PCG: ``run(x, r, ‖r‖², it, hist, target²) -> (x, it, ‖r‖², hist)``
-    iterates from the residual r of x until ‖r‖² ≤ target² or ``it = maxiter``."""
+    iterates from the residual r of x until ‖r‖² ≤ target² or ``it = maxiter``.
+    ``flexible``: β = (z₊, r₊ − r)/(z, r) = −α (z₊, w)/(z, r) (Polak–Ribière), equal to
+    the classic β in exact arithmetic with a fixed SPD preconditioner."""
 
     # Passes over the vectors per iteration (XLA fuses by dataflow; the grouping
     # below is the minimum):
@@ -221,8 +231,12 @@ def _classic(A, M, dot, dots, maxiter, keep_z=False):
         alpha = _safe_div(rz, dot(p, w))
         r = r - alpha * w
         z = M(r)
-        rz_new, rr = dots([(r, z), (r, r)])
-        beta = _safe_div(rz_new, rz)
+        if flexible:
+            rz_new, rr, wz = dots([(r, z), (r, r), (w, z)])
+            beta = _safe_div(-alpha * wz, rz)
+        else:
+            rz_new, rr = dots([(r, z), (r, r)])
+            beta = _safe_div(rz_new, rz)
         x = x + alpha * p
         p = (z if keep_z else M(r)) + beta * p  # Jacobi: z = M r recomputed, not kept between passes
         hist = hist.at[it + 1].set(rr)
