@@ -16,21 +16,24 @@ from pathlib import Path
 
 import pytest
 
+import subproc
+
 CHECK = Path(__file__).with_name("distributed_check.py")
 MPIRUN = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+
+
+def launch_env():
+    """CPU JAX in an environment without this process's own MPI launcher variables (when pytest
+    itself runs under mpirun, the inner mpirun must not take them for its own)."""
+    return subproc.env(base={k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "MV2_"))})
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="no mpirun")
 def test_two_processes_equal_serial():
     pytest.importorskip("mpi4py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "MV2_"))}
-    env.update(JAX_PLATFORMS="cpu")
-    proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, str(CHECK)], env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"no RESULT (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
-    res = json.loads(lines[-1][7:])
-    assert res["failed"] == [] and proc.returncode == 0, res
+    rc, res, text = subproc.finish(subproc.start([CHECK], launcher=[MPIRUN, "-n", "2"], base_env=launch_env()))
+    assert res is not None, f"no RESULT (exit {rc}):\n{text[-4000:]}"
+    assert res["failed"] == [] and rc == 0, res
     assert res["devices"] == [4, 2]
     for name in ("bp5", "bp4"):
         assert res[f"{name}_err"] < 1e-12 and res[f"{name}_errors_err"] < 1e-10
@@ -44,8 +47,7 @@ def test_two_processes_equal_serial():
 def test_cli_transport_shard_two_processes():
     """`mpirun -n 2 jaxsem solve poisson --transport shard`: one JSON from process 0, the serial numbers."""
     pytest.importorskip("mpi4py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "MV2_"))}
-    env.update(JAX_PLATFORMS="cpu")
+    env = launch_env()
     args = ["solve", "poisson", "--order", "3", "--elements", "4", "2", "2", "--json", "-q"]
     proc = subprocess.run([MPIRUN, "-n", "2", sys.executable, "-m", "jaxsem"] + args + ["--transport", "shard"],
                           env=env, text=True, capture_output=True, timeout=300)

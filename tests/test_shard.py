@@ -16,34 +16,22 @@ serial here implies equality with the MPI backend to round-off.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import subproc
+
 CHECK = Path(__file__).with_name("shard_check.py")
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     # both device counts at once: the compilations dominate and run on separate cores
-    procs = {P: subprocess.Popen([sys.executable, str(CHECK), str(P)], env=env, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for P in (2, 4)}
-    out = {}
-    for P, proc in procs.items():
-        try:
-            text, _ = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            text, _ = proc.communicate()
-        lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-        out[P] = (proc.returncode, json.loads(lines[-1][7:]) if lines else None, text)
-    return out
+    procs = {P: subproc.start([CHECK, P], devices=4) for P in (2, 4)}
+    return {P: subproc.finish(proc) for P, proc in procs.items()}
 
 
 @pytest.mark.parametrize("P", [2, 4])
@@ -82,7 +70,7 @@ def test_sharded_dg_equals_serial(results, P):
 
 def test_cli_devices_equals_serial():
     """`jaxsem solve ... --devices 2` (forced CPU devices) reports the serial run's numbers."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = subproc.env(devices=2)
     out = {}
     for problem, extra in (("poisson", []), ("advection", ["--t-final", "0.05"])):
         for devices in ("1", "2"):

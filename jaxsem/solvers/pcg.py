@@ -312,6 +312,7 @@ def linear_solve(
     method: str = "classic",
     transposable: bool = True,
     keep_z: bool = False,
+    x0=None,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -328,17 +329,20 @@ def linear_solve(
     transpose (the fused kernels): the transpose solve above never applies
     the operator JAX hands it, so it is handed ``A`` itself (JAX's
     ``symmetric=True``). First derivatives are exact either way; second
-    derivatives through such a solve are not supported. Others as
-    :func:`pcg`, whose checks run here first (before tracing). Returns ``(x, PCGInfo)``.
+    derivatives through such a solve are not supported. ``x0``: an initial guess for
+    the forward solve (not differentiated: the solution does not depend on it, and the
+    adjoint solve starts from zero). Others as :func:`pcg`, whose checks run here first
+    (before tracing). Returns ``(x, PCGInfo)``.
     """
     _check_options(tol, maxiter, method, b)
     _check_finite(b, "b", "right-hand side")
     maxiter, tol = int(maxiter), float(tol)
-    run = lambda rhs: pcg(A, rhs, dot=dot, precond=precond, tol=tol, maxiter=maxiter, dots=dots, method=method,
-                          keep_z=keep_z)
+    run = lambda rhs, x0=None: pcg(A, rhs, dot=dot, precond=precond, x0=x0, tol=tol, maxiter=maxiter, dots=dots,
+                                   method=method, keep_z=keep_z)
+    x0 = None if x0 is None else lax.stop_gradient(x0)
 
     def solve(_, rhs):
-        return run(project(rhs))
+        return run(project(rhs), x0)
 
     def transpose_solve(_, ct):
         y, info = run(project(ct / jnp.where(weight != 0, weight, 1)))

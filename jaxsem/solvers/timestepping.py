@@ -64,6 +64,7 @@ __all__ = [
     "run",
     "RunOptions",
     "advance_fn",
+    "drive",
     "RunInfo",
     "NonFiniteError",
     "stability_radius",
@@ -701,12 +702,32 @@ def run(
     dt = float(dt)
     if not (np.isfinite(dt) and dt > 0):
         raise ValueError(f"dt must be a positive finite number, got {dt!r}")
-    dt_max, chunk_steps = options.dt_max, options.chunk_steps
+    dt_max = options.dt_max
     if dt_max is not None and dt > dt_max:
         raise ValueError(
             f"dt = {dt:.6g} exceeds the stable limit {dt_max:.6g} for {method}; "
             f"use dt <= {dt_max:.6g}"
         )
+    adv = advance_fn(f, method, args is not None)
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
+    t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
+    return drive(lambda y, a, m0, count: adv(y, a, t0_, dt_, m0, count), y0, num_steps, dt=dt, t0=t0,
+                 label=method, args=args, options=options, comm=comm)
+
+
+def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
+          options: RunOptions = RunOptions(), comm=None):
+    """The guarded chunk loop of :func:`run` for any stepper: ``(y, RunInfo)``.
+
+    ``advance(y, args, m0, count) -> y`` (jitted by the caller) takes steps
+    ``m0 .. m0 + count − 1``; it must not depend on how the steps are chunked, so that a
+    resumed run reproduces an uninterrupted one. ``label`` names the method in
+    checkpoints (key ``method``) and errors; ``dt`` and ``t0`` go into the checkpoint
+    metadata and the messages. Chunks, progress, NaN/Inf replay, checkpoints and resume
+    are :func:`run`'s (see there).
+    """
+    num_steps = _check_steps(num_steps)
+    method, chunk_steps = label, options.chunk_steps
     meta = dict(options.meta, dt=dt, t0=float(t0), method=method)
 
     checkpoint_path, resume = options.checkpoint_path, options.resume
@@ -736,9 +757,6 @@ def run(
 
     if not finite(y):
         raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
-    advance = advance_fn(f, method, args is not None)
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
-    t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
     bar = None
     if options.progress:
         from tqdm.auto import tqdm
@@ -749,11 +767,11 @@ def run(
     try:
         while m < num_steps:
             count = min(chunk_steps, num_steps - m)
-            y_new = advance(y, args, t0_, dt_, jnp.asarray(m), jnp.asarray(count))
+            y_new = advance(y, args, jnp.asarray(m), jnp.asarray(count))
             if not finite(y_new):
                 bad = m
                 for j in range(count):  # replay from the finite chunk start
-                    y = advance(y, args, t0_, dt_, jnp.asarray(m + j), jnp.asarray(1))
+                    y = advance(y, args, jnp.asarray(m + j), jnp.asarray(1))
                     if not finite(y):
                         bad = m + j
                         break
