@@ -516,14 +516,36 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     o = ns.options
     label = f"BDF{o.time_order}/EXT{o.time_order} Navier-Stokes"
     meta = dict(options.meta, nu=float(ns.nu), order=ns.sem.order, nodes=int(ns.sem.num_global),
-                time_order=o.time_order, dealias=o.dealias, t_start=t_start)
-    opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta)
-    advance = _advance_fn(chunk)
-    (state, rows), info = ts.drive(advance, (state, rows), num_steps, dt=ns.dt, t0=t_start, label=label, args=ns,
-                                   options=opts, comm=ns.sem.comm)
+                time_order=o.time_order, dealias=o.dealias, sample_steps=chunk)
+    start = 0
+    if options.resume is not None:  # restored here: the series so far may be shorter than this run's
+        state, rows, start = _resume(ns, options.resume, state, rows, dict(meta, dt=ns.dt, t0=t_start, method=label))
+        if start > num_steps:
+            raise ValueError(f"resume: checkpoint {options.resume} is at step {start} > the {num_steps} steps "
+                             f"to t_final = {t_final}")
+    opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
+    (state, rows), info = ts.drive(_advance_fn(chunk), (state, rows), num_steps, dt=ns.dt, t0=t_start, label=label,
+                                   args=ns, options=opts, comm=ns.sem.comm, start=start)
     r = np.array(rows)
     r[0, [2, 6, 7]] = np.nan
     return state, Series(*(r[:, c] for c in range(_COLUMNS))), info
+
+
+def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
+    """``(state, rows, step)`` from a checkpoint of :func:`run` with the same ``meta``; its series
+    is copied into ``rows`` (this run's length)."""
+    comm = ns.sem.comm
+    path = f"{path}{comm.file_suffix}"
+    problem = ts.meta_mismatch(path, ts.checkpoint_meta(path), meta)
+    if int(comm.allreduce(jnp.asarray(int(problem is not None)))) and problem is None:
+        problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {path})"
+    if problem is not None:
+        raise ValueError(problem)
+    with np.load(path) as z:
+        saved_rows = z[f"leaf_{int(z['num_leaves']) - 1}"].shape
+    (state, saved), _, step, _ = ts.load_checkpoint(path, (state, jnp.zeros(saved_rows, rows.dtype)))
+    n = min(saved.shape[0], rows.shape[0])
+    return state, rows.at[:n].set(saved[:n]), step
 
 
 _ADVANCE = {}

@@ -73,6 +73,8 @@ __all__ = [
     "cfl_dt",
     "save_checkpoint",
     "load_checkpoint",
+    "checkpoint_meta",
+    "meta_mismatch",
 ]
 
 
@@ -645,7 +647,7 @@ def _meta_pairs(meta) -> tuple:
     return tuple(sorted(out.items()))
 
 
-def _meta_mismatch(path, saved: dict, want: dict) -> str | None:
+def meta_mismatch(path, saved: dict, want: dict) -> str | None:
     """Every key where a checkpoint's metadata and this run's differ, as one message (``None``: equal)."""
     none = "(none)"
     diffs = [f"{key} = {saved.get(key, none)!r} in the checkpoint, {want.get(key, none)!r} in this run"
@@ -653,7 +655,7 @@ def _meta_mismatch(path, saved: dict, want: dict) -> str | None:
     return f"resume: checkpoint {path} is of another run: " + "; ".join(diffs) if diffs else None
 
 
-def _checkpoint_meta(path) -> dict:
+def checkpoint_meta(path) -> dict:
     """The metadata of a checkpoint written by :func:`save_checkpoint`, as plain Python values."""
     with np.load(os.fspath(path)) as z:
         return {k[5:]: z[k][()].item() for k in z.files if k.startswith("meta_")}
@@ -716,7 +718,7 @@ def run(
 
 
 def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
-          options: RunOptions = RunOptions(), comm=None):
+          options: RunOptions = RunOptions(), comm=None, start: int = 0):
     """The guarded chunk loop of :func:`run` for any stepper: ``(y, RunInfo)``.
 
     ``advance(y, args, m0, count) -> y`` (jitted by the caller) takes steps
@@ -724,7 +726,8 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
     resumed run reproduces an uninterrupted one. ``label`` names the method in
     checkpoints (key ``method``) and errors; ``dt`` and ``t0`` go into the checkpoint
     metadata and the messages. Chunks, progress, NaN/Inf replay, checkpoints and resume
-    are :func:`run`'s (see there).
+    are :func:`run`'s (see there). ``start``: steps ``y0`` has taken already (a caller that
+    restored it from a checkpoint itself); the run continues from step ``start``.
     """
     num_steps = _check_steps(num_steps)
     method, chunk_steps = label, options.chunk_steps
@@ -742,9 +745,9 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
             ok = comm.allreduce(jnp.where(ok, 0, 1)) == 0
         return bool(ok)
 
-    y, m, resumed = y0, 0, None
+    y, m, resumed = y0, int(start), (int(start) if start else None)
     if resume is not None:
-        problem = _meta_mismatch(resume, _checkpoint_meta(resume), meta)
+        problem = meta_mismatch(resume, checkpoint_meta(resume), meta)
         # Every rank refuses together (a rank's own mesh part may be the only difference).
         if comm is not None and int(comm.allreduce(jnp.asarray(int(problem is not None)))) and problem is None:
             problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {resume})"

@@ -1,0 +1,190 @@
+"""Incompressible Navier–Stokes (jaxsem.models.navier_stokes): BDF/EXT coefficients, the
+Ethier–Steinman exact solution (spectral in p, order k in Δt), Taylor–Green energy balance
+(−dE_k/dt = 2νZ), the driver (samples, checkpoint/resume, failure naming the step, bad
+input), and sharded over forced CPU devices equal to serial (this file run as a script in a
+subprocess, XLA_FLAGS set first).
+"""
+
+import dataclasses
+import functools
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsem as js
+from jaxsem.models import flows, poisson
+from jaxsem.models import navier_stokes as NS
+from jaxsem.solvers import timestepping as ts
+
+import subproc
+
+TIGHT = dict(pressure_tol=1e-11, velocity_tol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_bdf_ext_are_exact_for_polynomials(k):
+    """BDFk differentiates t^j exactly for j ≤ k; EXTk extrapolates t^j exactly for j < k."""
+    beta, a = NS.bdf_ext(k)
+    dt, t1 = 0.1, 1.0
+    for j in range(k + 1):
+        f = lambda t: t**j
+        d = (beta[0] * f(t1) - sum(beta[i] * f(t1 - i * dt) for i in range(1, k + 1))) / dt
+        assert d == pytest.approx(j * t1 ** max(j - 1, 0), abs=1e-12)
+        if j < k:
+            assert sum(a[i - 1] * f(t1 - i * dt) for i in range(1, k + 1)) == pytest.approx(f(t1), abs=1e-12)
+    with pytest.raises(ValueError, match="time order"):
+        NS.bdf_ext(4)
+
+
+# --- Ethier–Steinman on [-1, 1]^3 with its Dirichlet data ---------------------------------
+
+@functools.lru_cache(maxsize=None)
+def ethier_steinman_error(p, dt, T, k, K=2):
+    """Relative L2 velocity error at T, every step at order k (exact past levels)."""
+    es = flows.ethier_steinman(nu=1.0)
+    mesh = js.box_mesh(K, p, lengths=(2.0,) * 3, origin=(-1.0,) * 3)
+    ns = NS.setup(mesh, nu=1.0, dt=dt, boundary=es.velocity, options=NS.NSOptions(time_order=k, **TIGHT))
+    st = NS.initial_state(ns, lambda x, y, z: es.velocity(x, y, z, 0.0), past=es.velocity)
+    st, series, _ = NS.run(ns, st, T, sample_interval=T)
+    return poisson.relative_errors(ns.sem, st.u, lambda x, y, z: es.velocity(x, y, z, T))[0], series
+
+
+def test_ethier_steinman_spectral_in_p():
+    errs = [ethier_steinman_error(p, 1e-3, 0.01, 3)[0] for p in (3, 4, 5)]
+    # measured: 1.8e-3, 1.4e-4, 8.8e-6 (p = 3..5)
+    assert errs[0] < 3e-3 and errs[-1] < 2e-5, errs
+    assert all(b < a / 6 for a, b in zip(errs, errs[1:])), errs
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_ethier_steinman_order_in_time(k):
+    """The fitted order of the error at T = 0.4 (p = 8: the space error is far below) is at least k."""
+    errs = [ethier_steinman_error(8, dt, 0.4, k)[0] for dt in (0.04, 0.02)]
+    order = math.log2(errs[0] / errs[1])
+    # measured orders (dt 0.04 -> 0.02): 1.8, 2.8, 3.9
+    assert k - 0.2 < order < k + 1.2, (k, errs, order)
+
+
+def test_ethier_steinman_divergence_and_iterations():
+    err, s = ethier_steinman_error(5, 1e-3, 0.01, 3)
+    assert s.divergence[-1] < 2e-5, s.divergence  # measured 5.0e-6 at p = 5
+    assert 0 < s.pressure_iterations[-1] <= 15 and 0 < s.velocity_iterations[-1] <= 20, s
+
+
+# --- Taylor–Green ------------------------------------------------------------------------
+
+def tgv(K=4, p=5, nu=0.01, dt=0.02, **kw):
+    mesh = js.box_mesh(K, p, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+    return NS.setup(mesh, nu=nu, dt=dt, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def tgv_run():
+    ns = tgv()
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    st, series, info = NS.run(ns, st0, 0.4, sample_interval=0.1)
+    return ns, st0, st, series, info
+
+
+def test_taylor_green_initial_diagnostics():
+    ns, st0, *_ = tgv_run()
+    d = NS.diagnostics(ns, st0)
+    assert float(d.kinetic_energy) == pytest.approx(0.125, rel=1e-8)
+    assert float(d.enstrophy) == pytest.approx(0.375, rel=1e-6)
+    assert 0 < float(d.cfl) < 0.2 and float(d.divergence) < 2e-4
+
+
+def test_taylor_green_energy_balance():
+    """−dE_k/dt (from the energy of consecutive steps) equals 2νZ: the discrete kinetic energy
+    is dissipated at the viscous rate. Measured on 4³ elements, p = 5: 1.1e-3 relative at
+    t = 0.1 (the first-order start and the initial field's discrete divergence), then
+    2.1e-4, 2.5e-5, 1.6e-4 (ε is a difference at t − Δt/2, Z is taken at t)."""
+    ns, _, st, s, info = tgv_run()
+    assert list(np.round(s.time, 12)) == [0.0, 0.1, 0.2, 0.3, 0.4] and info.steps == 20
+    eps, twonuz = s.dissipation[1:], 2 * float(ns.nu) * s.enstrophy[1:]
+    rel = np.abs(eps / twonuz - 1)
+    assert rel[0] < 2e-3 and np.all(rel[1:] < 4e-4), (eps, twonuz)
+    assert np.all(np.diff(s.kinetic_energy) < 0)
+    assert np.all(s.divergence < 1e-3)  # the initial field's own discretization error grows slowly
+    assert np.all(s.pressure_iterations[1:] <= 10) and np.all(s.velocity_iterations[1:] <= 5)
+
+
+def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
+    ns, st0, st, s, _ = tgv_run()
+    path = tmp_path / "ns.npz"
+    st_a, s_a, _ = NS.run(ns, st0, 0.2, sample_interval=0.1, options=ts.RunOptions(checkpoint_path=path))
+    # a second run from the 0.2 checkpoint to 0.4 reproduces the uninterrupted one
+    st_b, s_b, info = NS.run(ns, st0, 0.4, sample_interval=0.1, options=ts.RunOptions(resume=path))
+    assert info.resumed_from == 10 and info.steps == 10
+    np.testing.assert_array_equal(np.asarray(st_b.U), np.asarray(st.U))
+    np.testing.assert_array_equal(s_b.kinetic_energy, s.kinetic_energy)
+
+
+def test_blow_up_names_the_step():
+    ns = tgv(K=2, p=3, nu=1e-4, dt=2.0)
+    st0 = NS.initial_state(ns, flows.taylor_green(V0=50.0).velocity)
+    with pytest.raises(ts.NonFiniteError, match=r"at step \d+") as e:
+        NS.run(ns, st0, 40.0, sample_interval=10.0)
+    assert 1 <= e.value.step <= 20
+
+
+def test_bad_input_is_named():
+    mesh = js.box_mesh(2, 2, periodic=(True,) * 3)
+    with pytest.raises(ValueError, match="nu must be"):
+        NS.setup(mesh, nu=-1.0, dt=0.1)
+    with pytest.raises(ValueError, match="dt must be"):
+        NS.setup(mesh, nu=0.1, dt=float("nan"))
+    with pytest.raises(ValueError, match="time_order"):
+        NS.NSOptions(time_order=4)
+    ns, st0, *_ = tgv_run()
+    with pytest.raises(ValueError, match="whole number of steps"):
+        NS.run(ns, st0, 0.41)
+    with pytest.raises(ValueError, match="velocity must give shape"):
+        NS.initial_state(ns, jnp.zeros((2, 3)))
+
+
+# --- sharded over forced CPU devices -------------------------------------------------------
+
+def shard_check(P: int) -> dict:
+    """A few Taylor–Green steps (periodic) and Ethier–Steinman steps (walls), serial and sharded."""
+    from jaxsem.discretization import to_mesh_order
+
+    es = flows.ethier_steinman(nu=0.5)
+    cases = {
+        "tgv": (js.box_mesh((4, 3, 2), 3, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3),
+                None, flows.taylor_green().velocity, 0.05),
+        "ethier_steinman": (js.box_mesh((3, 2, 2), 3, lengths=(2.0,) * 3, origin=(-1.0,) * 3, deform=0.05),
+                            es.velocity, lambda x, y, z: es.velocity(x, y, z, 0.0), 0.01),
+    }
+    out = {}
+    for name, (mesh, boundary, u0, dt) in cases.items():
+        res = {}
+        for key, devices in (("serial", None), ("shard", P)):
+            ns = NS.setup(mesh, nu=0.05, dt=dt, boundary=boundary, devices=devices, options=NS.NSOptions(**TIGHT))
+            st, s, _ = NS.run(ns, NS.initial_state(ns, u0), 4 * dt, sample_interval=2 * dt)
+            res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), s.kinetic_energy,
+                        s.pressure_iterations[-1])
+        (us, ps, es_, its), (ud, pd, ed, itd) = res["serial"], res["shard"]
+        out[name] = dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
+                         p=float(np.max(np.abs(ps - pd)) / np.max(np.abs(ps))),
+                         energy=float(np.max(np.abs(es_ - ed) / es_)), iterations=[float(its), float(itd)])
+    return out
+
+
+def test_sharded_equals_serial():
+    res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
+    for name, r in res.items():
+        assert r["u"] < 1e-10 and r["p"] < 1e-8 and r["energy"] < 1e-12, (name, r)
+        assert r["iterations"][0] == r["iterations"][1], (name, r)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
+    import json
+
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() >= int(sys.argv[2]), jax.devices()
+    print("RESULT " + json.dumps(shard_check(int(sys.argv[2]))))
