@@ -130,6 +130,30 @@ def build_parser() -> _Parser:
                         help="under mpirun/srun: one process per device with mpi4jax (mpi, default) or one JAX "
                              "program over every process's devices (shard, jax.distributed)")
         common(sp)
+    t = probs.add_parser("tgv", help="Taylor-Green vortex at Re = 1600 (Navier-Stokes) against the 512^3 DNS",
+                         description="Incompressible Navier-Stokes (PN-PN, BDF3/EXT3, p-multigrid pressure): the "
+                         "Taylor-Green vortex on the periodic box [-pi, pi]^3; E_k, -dE_k/dt, 2 nu Z and Z against "
+                         "the 512^3 spectral DNS reference (read from ../shared/data/tgv or $JAXSEM_TGV_REFERENCE).")
+    t.add_argument("--order", type=int, default=5, help=f"polynomial order p, 2..{MAX_ORDER} (default 5)")
+    t.add_argument("--elements", type=int, nargs="+", default=[4], metavar="E",
+                   help="element counts: 3 values or 1 for all axes (default 4)")
+    t.add_argument("--t-final", type=float, default=1.0, help="final time in convective units (default 1)")
+    t.add_argument("--dt", type=float, default=None,
+                   help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
+    t.add_argument("--cfl", type=float, default=0.4, help="CFL target for the default dt, 0 < cfl <= 1 (default 0.4)")
+    t.add_argument("--sample", type=float, default=0.1, help="output interval (default 0.1)")
+    t.add_argument("--reynolds", type=float, default=1600.0, help="Reynolds number 1/nu (default 1600)")
+    t.add_argument("--out", metavar="DIR", default=None, help="write tgv.csv and tgv.png (against the DNS) there")
+    t.add_argument("--vtu", metavar="PATH", default=None,
+                   help="write velocity, pressure and vorticity magnitude at t-final to this .vtu file")
+    t.add_argument("--checkpoint", metavar="PATH", default=None, help="write a checkpoint after every sample")
+    t.add_argument("--resume", metavar="PATH", default=None, help="continue from this checkpoint")
+    t.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
+    t.add_argument("--devices", type=int, default=None, metavar="N", help="split the elements over N devices")
+    t.add_argument("--transport", choices=("mpi", "shard"), default=None, help="under mpirun/srun, as for poisson")
+    t.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    t.set_defaults(dtype="float64", deform=0.0)
     p.problem_parsers = probs.choices
 
     b = sub.add_parser("bench", help="bake-off kernel (bk1..bk6) or problem (bp1..bp6) throughput")
@@ -196,6 +220,8 @@ def _validate_memory(args, fail) -> None:
     problem = getattr(args, "problem", "poisson")
     if problem in ("maxwell", "advection"):
         q, components = args.order + 1, 6 if problem == "maxwell" else 1
+    elif problem == "tgv":  # dealiasing metrics on the 3/2 rule; BDF3/EXT3 history of u and N(u)
+        q, components = math.ceil(1.5 * (args.order + 1)), 6
     else:  # a bake-off problem: BPk / BKk, k odd scalar, even 3-vector; 1-4 Gauss, 5-6 GLL
         k = getattr(args, "bp", None) or int(problem[-1]) if problem[-1:].isdigit() else 5
         q, components = args.order + (1 if k >= 5 else 2), 3 if k % 2 == 0 else 1
@@ -233,6 +259,28 @@ def _validate(parser: _Parser, args) -> None:
             fail("argument --backend: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
     if args.command == "solve":
         _validate_devices(args, fail)
+        if args.problem == "tgv":
+            for name in ("t_final", "sample", "reynolds"):
+                v = getattr(args, name)
+                if not (math.isfinite(v) and v > 0):
+                    fail(f"argument --{name.replace('_', '-')}: must be a finite number > 0, got {v}")
+            if args.dt is not None and not (math.isfinite(args.dt) and 0 < args.dt <= args.sample):
+                fail(f"argument --dt: must satisfy 0 < dt <= --sample ({args.sample}), got {args.dt}")
+            if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
+                fail(f"argument --cfl: must satisfy 0 < cfl <= 1, got {args.cfl}")
+            if args.order < 2:
+                fail(f"argument --order: must be >= 2 for Navier-Stokes, got {args.order}")
+            for name in ("vtu", "checkpoint"):
+                if getattr(args, name):
+                    from ..io import check_writable
+
+                    try:
+                        check_writable(getattr(args, name))
+                    except ValueError as e:
+                        fail(f"argument --{name}: {e}")
+            if args.resume and not os.path.isfile(args.resume):
+                fail(f"argument --resume: no such file: {args.resume}")
+            return
         if args.vtu:
             from ..io import check_writable
 
@@ -458,6 +506,30 @@ def _report_advection(r: dict) -> str:
     ])
 
 
+def _report_tgv(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [f"jaxsem {r['jaxsem_version']}: Taylor-Green vortex, Re {r['reynolds']:g}, periodic [-pi, pi]^3",
+             f"  mesh        order {r['order']}, {el} elements, {r['dofs']} points, BDF{r['time_order']}/EXT"
+             f"{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    ref = r.get("reference") or {}
+    fmt = lambda v: "-" if v is None else f"{v:.5g}"
+    lines += [
+        f"  t_final     {r['t_final']:g}: {r['steps']} steps, {r['seconds']:.2f} s ({1e3 * r['seconds_per_step']:.2f} ms "
+        f"per step), setup {r['setup_seconds']:.1f} s",
+        f"  E_k         {fmt(r['kinetic_energy'][-1])} at t_final; t = 5: {fmt(r['kinetic_energy_t5'])} "
+        f"(DNS {fmt(ref.get('kinetic_energy_t5'))}), t = 10: {fmt(r['kinetic_energy_t10'])} "
+        f"(DNS {fmt(ref.get('kinetic_energy_t10'))})",
+        f"  peak eps    {fmt(r['peak_dissipation'])} at t = {fmt(r['peak_dissipation_time'])} "
+        f"(DNS {fmt(ref.get('peak_dissipation'))} at t = {fmt(ref.get('peak_dissipation_time'))})",
+        f"  solves      pressure {fmt(r['pressure_iterations'][-1])}, velocity {fmt(r['velocity_iterations'][-1])} "
+        f"iterations (last step); max CFL {fmt(max(c for c in r['cfl'] if c is not None))}",
+        f"  device      {_fmt_where(r)}",
+    ]
+    return "\n".join(lines)
+
+
 def _report_bench(r: dict) -> str:
     el = "x".join(map(str, r["elements"]))
     lines = [
@@ -565,7 +637,15 @@ def main(argv=None) -> int:
 
             place = _placement(args)
             first = jax.process_index() == 0 and ("comm" not in place or place["comm"].rank == 0)
-            if args.problem == "maxwell":
+            if args.problem == "tgv":
+                from .tgv import run_tgv
+
+                result = run_tgv(args.order, args.elements, args.t_final, dt=args.dt, reynolds=args.reynolds,
+                                 sample=args.sample, cfl=args.cfl, out=args.out, vtu=args.vtu, backend=args.backend,
+                                 place=place, checkpoint=args.checkpoint, resume=args.resume, progress=log,
+                                 progress_bar=not quiet and first)
+                report = _report_tgv
+            elif args.problem == "maxwell":
                 result = verify.verify_maxwell(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
                                                deform=args.deform, cfl=args.cfl, method=args.method,
                                                dtype=args.dtype, vtu=args.vtu, progress=log,
