@@ -119,6 +119,12 @@ BAD = [
     (["solve", "poisson", "--devices", "0"], "--devices"),
     (["solve", "poisson", "--devices", "4096"], "--devices"),
     (["solve", "poisson", "--transport", "shard"], "--transport"),  # applies under mpirun only
+    (["solve", "tgv", "--t-final", "-1"], "--t-final"),
+    (["solve", "tgv", "--dt", "0.5"], "--dt"),  # longer than the sample interval
+    (["solve", "tgv", "--reynolds", "0"], "--reynolds"),
+    (["solve", "tgv", "--order", "1"], "--order"),
+    (["solve", "tgv", "--resume", "/nonexistent/ckpt.npz"], "--resume"),
+    (["solve", "tgv", "--elements", "1000"], "--elements"),
 ]
 if not cuda_available():  # CPU machines: a clear error before any JAX work
     BAD += [(["solve", "poisson", "--backend", "cuda"], "--backend"), (["bench", "bk5", "--backend", "cuda"], "--backend")]
@@ -131,6 +137,7 @@ def test_bad_arguments_exit_2_one_line(argv, name, capsys, monkeypatch):
 
     monkeypatch.setattr("jaxsem.app.verify.solve_poisson", no_jax_work)
     monkeypatch.setattr("jaxsem.app.bench.bench", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.tgv.run_tgv", no_jax_work)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -209,3 +216,22 @@ def test_solve_precond_pmg_default_and_jacobi(capsys):
     assert pmg["setup_seconds"] > 0 and jac["setup_seconds"] == 0
     assert pmg["converged"] and jac["converged"] and 3 * pmg["iterations"] < jac["iterations"]
     assert pmg["error_l2"] == pytest.approx(jac["error_l2"], rel=1e-6)
+
+
+def test_solve_tgv_json_contract(capsys, tmp_path):
+    """``jaxsem solve tgv ... --json``: one JSON object with the time series sampled every 0.1 and
+    at T, E_k(0) ≈ 0.125, the energy decaying; CSV and PNG written."""
+    argv = ["solve", "tgv", "--order", "3", "--elements", "2", "--t-final", "0.3", "--dt", "0.05",
+            "--out", str(tmp_path), "--json"]
+    assert cli.main(argv) == 0
+    r, _ = _json(capsys)
+    assert r["problem"] == "tgv" and r["reynolds"] == 1600 and r["converged"] is True and r["steps"] == 6
+    assert r["time"] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    n = len(r["time"])
+    assert all(len(r[k]) == n for k in ("kinetic_energy", "dissipation", "enstrophy"))
+    # the GLL rule of 2^3 elements at p = 3 integrates 1/2|u|^2 to 0.1285 (exact: 0.125)
+    assert r["kinetic_energy"][0] == pytest.approx(0.125, rel=0.05) and r["dissipation"][0] is None
+    assert r["enstrophy"][0] == pytest.approx(0.375, rel=0.1)
+    assert all(a > b for a, b in zip(r["kinetic_energy"][1:], r["kinetic_energy"][2:]))
+    assert r["seconds_per_step"] > 0 and r["dt"] == 0.05
+    assert (tmp_path / "tgv.csv").read_text().count("\n") == n + 1 and (tmp_path / "tgv.png").stat().st_size > 0

@@ -152,14 +152,15 @@ class State:
     """The solution and its BDF/EXT history (pytree).
 
     ``U: (k, 3, E, n, n, n)`` velocities uⁿ, uⁿ⁻¹, … (newest first); ``F: (k, 3, E, n, n, n)``
-    the convective terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels; ``p: (E, n, n, n)`` the
-    last pressure (zero mean); ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()``
-    int32 past levels held (the next step runs at order min(past + 1, k)).
+    the convective terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels; ``P: (k, E, n, n, n)`` the
+    pressures pⁿ, pⁿ⁻¹, … (zero mean; extrapolated, they start the next pressure solve);
+    ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()`` int32 past levels held (the
+    next step runs at order min(past + 1, k)).
     """
 
     U: jax.Array
     F: jax.Array
-    p: jax.Array
+    P: jax.Array
     step: jax.Array
     t: jax.Array
     past: jax.Array
@@ -168,6 +169,11 @@ class State:
     def u(self):
         """``(3, E, n, n, n)`` the current velocity."""
         return self.U[0]
+
+    @property
+    def p(self):
+        """``(E, n, n, n)`` the current pressure (zero mean; 0 before the first step)."""
+        return self.P[0]
 
 
 class StepInfo(NamedTuple):
@@ -306,6 +312,31 @@ def _velocity_jacobi(s: SEM, nu, h2):
     return s.mask / jnp.where(s.mask > 0, d, 1.0)
 
 
+def _pressure_solve(ns: NavierStokes, bp, p0):
+    """(∇q, ∇p) = bp on the pure-Neumann pressure space (constants removed from ``bp``),
+    p-multigrid PCG from ``p0``; ``(p with zero mean, PCGInfo)``. Rank-local."""
+    ps, o = ns.psem, ns.options
+    one = ps.valid * jnp.ones_like(bp)
+    bp = bp - ps.dot(bp, one) / ps.dot(one, jnp.ones_like(bp))
+    method = "flexible" if ns.pmg.dtype != ps.x.dtype else "classic"
+    p, info = linear_solve(poisson.operator(ps, 1.0, 0.0), bp, dot=ps.dot, dots=ps.dots,
+                           project=lambda u: ps.dssum(ps.mult * u), weight=ps.mult,
+                           precond=lambda r: multigrid.vcycle(ns.pmg, r), tol=o.pressure_tol,
+                           maxiter=o.pressure_maxiter, method=method, transposable=ps.backend.transposable,
+                           keep_z=True, x0=p0)
+    return p - ps.integrate(p) / ns.volume, info
+
+
+def _velocity_solve(ns: NavierStokes, bv, x0, h2):
+    """(h₂B + νA) u = bv for the three components at once, Jacobi-PCG from ``x0``. Rank-local."""
+    s, o = ns.sem, ns.options
+    dinv = _velocity_jacobi(s, ns.nu, h2)
+    return linear_solve(_velocity_operator(s, ns.nu, h2), bv, dot=s.dot, dots=s.dots,
+                        project=lambda u: s.mask * s.dssum(s.mult * u), weight=s.mult * s.mask,
+                        precond=lambda r: dinv * r, tol=o.velocity_tol, maxiter=o.velocity_maxiter,
+                        transposable=s.backend.transposable, x0=x0)
+
+
 def _step_local(ns: NavierStokes, st: State):
     s, ps, o = ns.sem, ns.psem, ns.options
     k, dt = o.time_order, ns.dt
@@ -328,15 +359,9 @@ def _step_local(ns: NavierStokes, st: State):
         L = _lift(ns, s, t1)
         g = _grad(s, L)
         bp = bp - beta[0] / dt * (_weak_grad_t(s, L) + s.bmass * (g[0, 0] + g[1, 1] + g[2, 2]))
-    bp = ps.dssum(bp)
-    bp = bp - ps.dot(bp, ps.valid * jnp.ones_like(bp)) / ps.dot(ps.valid * jnp.ones_like(bp), jnp.ones_like(bp))
-    Ap = poisson.operator(ps, 1.0, 0.0)
-    M = lambda r: multigrid.vcycle(ns.pmg, r)
-    method = "flexible" if ns.pmg.dtype != dtype else "classic"
-    p, pinfo = linear_solve(Ap, bp, dot=ps.dot, dots=ps.dots, project=lambda u: ps.dssum(ps.mult * u),
-                            weight=ps.mult, precond=M, tol=o.pressure_tol, maxiter=o.pressure_maxiter,
-                            method=method, transposable=ps.backend.transposable, keep_z=True, x0=st.p)
-    p = p - ps.integrate(p) / ns.volume
+    # the pressure history is one level shorter than the velocity's (no p⁰): EXT of order min(step, k)
+    pa = Atab[jnp.clip(jnp.minimum(st.step, st.past) - 1, 0, k - 1)]
+    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1))
 
     # velocity: (β₀/Δt) B u + ν A u = B(Ub + Fx − ∇p), u = u₀ + L
     h2 = beta[0] / dt
@@ -346,13 +371,11 @@ def _step_local(ns: NavierStokes, st: State):
     x0 = s.mask * ux
     if L is not None:
         bv = bv - Av(L)
-    dinv = _velocity_jacobi(s, ns.nu, h2)
-    u0, vinfo = linear_solve(Av, bv, dot=s.dot, dots=s.dots, project=lambda u: s.mask * s.dssum(s.mult * u),
-                             weight=s.mult * s.mask, precond=lambda r: dinv * r, tol=o.velocity_tol,
-                             maxiter=o.velocity_maxiter, transposable=s.backend.transposable, x0=x0)
+    u0, vinfo = _velocity_solve(ns, bv, x0, h2)
     u = u0 if L is None else u0 + L
     U = jnp.concatenate([u[None], st.U[:-1]])
-    return State(U=U, F=F, p=p, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo)
+    P = jnp.concatenate([p[None], st.P[:-1]])
+    return State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo)
 
 
 def step(ns: NavierStokes, state: State):
@@ -394,7 +417,7 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
     U = jnp.stack(levels + [levels[-1]] * (k - len(levels)))
     F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _convection(ns_, s_, v), ns, U[i]) for i in range(1, k)]
                   + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
-    return State(U=U, F=F, p=jnp.zeros(s.mask.shape, U.dtype), step=jnp.asarray(0, jnp.int32),
+    return State(U=U, F=F, P=jnp.zeros((k,) + s.mask.shape, U.dtype), step=jnp.asarray(0, jnp.int32),
                  t=jnp.asarray(t0, s.x.dtype), past=jnp.asarray(len(levels) - 1, jnp.int32))
 
 
