@@ -98,6 +98,19 @@ def test_taylor_green_initial_diagnostics():
     assert 0 < float(d.cfl) < 0.2 and float(d.divergence) < 2e-4
 
 
+def test_vorticity_converges_to_the_exact_curl():
+    """NS.vorticity of the interpolated Taylor–Green field against the exact ω (4³ elements):
+    measured max relative error 2.8e-3 at p = 4, 1.7e-5 at p = 6."""
+    errs = []
+    for p in (4, 6):
+        ns = tgv(p=p)
+        st = NS.initial_state(ns, flows.taylor_green().velocity)
+        x = ns.sem.x
+        we = flows.taylor_green().vorticity(x[0], x[1], x[2])
+        errs.append(float(jnp.max(jnp.abs(NS.vorticity(ns, st) - we)) / jnp.max(jnp.abs(we))))
+    assert errs[0] < 5e-3 and errs[1] < 5e-5, errs
+
+
 def test_taylor_green_energy_balance():
     """−dE_k/dt (from the energy of consecutive steps) equals 2νZ: the discrete kinetic energy
     is dissipated at the viscous rate. Measured on 4³ elements, p = 5: 1.1e-3 relative at

@@ -225,8 +225,13 @@ def memory_bytes(num_elements: int, order: int, q: int | None = None, components
     ``n = order + 1`` GLL points (7 n³ values); geometric factors, mass weights,
     Jacobian, metric terms and coordinates on the ``q`` quadrature points (20 q³); six
     solver vectors per component (6 c n³). Good to within a factor of about two: a
-    check before allocating, not an account.
+    check before allocating, not an account. Raises ``ValueError`` naming a non-positive or
+    non-integer argument.
     """
+    for name, v in (("num_elements", num_elements), ("order", order), ("components", components),
+                    ("itemsize", itemsize)) + ((("q", q),) if q is not None else ()):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     n = order + 1
     q = n if q is None else q
     return int(num_elements) * (7 * n**3 + 20 * q**3 + 6 * components * n**3) * itemsize

@@ -48,7 +48,7 @@ from ..solvers.pcg import PCGInfo, linear_solve, min_tol
 from . import poisson
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "Diagnostics", "Series",
-           "setup", "initial_state", "step", "simulate", "diagnostics", "run", "bdf_ext"]
+           "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "run", "bdf_ext"]
 
 MAX_TIME_ORDER = 3
 
@@ -454,6 +454,11 @@ def _diagnostics_local(ns: NavierStokes, st: State):
         c = c + jnp.abs(rx[a, 0] * u[0] + rx[a, 1] * u[1] + rx[a, 2] * u[2]) / dr.reshape(shape)
     cfl = s.comm.allreduce(jnp.max(s.valid * c), "max") * ns.dt
     return Diagnostics(ek, z, dn, cfl)
+
+
+def vorticity(ns: NavierStokes, state: State):
+    """ω = ∇×u of ``state`` at the nodes (mass-averaged over shared nodes): ``(3, E, n, n, n)``."""
+    return ns.sem.local_map(lambda s_, ns_, u: _curl(ns_, s_, u), ns, state.u)
 
 
 def diagnostics(ns: NavierStokes, state: State) -> Diagnostics:
