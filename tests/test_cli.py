@@ -125,6 +125,8 @@ BAD = [
     (["solve", "tgv", "--order", "1"], "--order"),
     (["solve", "tgv", "--resume", "/nonexistent/ckpt.npz"], "--resume"),
     (["solve", "tgv", "--elements", "1000"], "--elements"),
+    (["solve", "tgv", "--vtu-every", "0.2"], "--vtu-every"),  # needs --vtu
+    (["solve", "tgv", "--vtu", "/tmp/x.vtu", "--vtu-every", "0.15"], "--vtu-every"),  # not a multiple of 0.1
 ]
 if not cuda_available():  # CPU machines: a clear error before any JAX work
     BAD += [(["solve", "poisson", "--backend", "cuda"], "--backend"), (["bench", "bk5", "--backend", "cuda"], "--backend")]
@@ -222,7 +224,7 @@ def test_solve_tgv_json_contract(capsys, tmp_path):
     """``jaxsem solve tgv ... --json``: one JSON object with the time series sampled every 0.1 and
     at T, E_k(0) ≈ 0.125, the energy decaying; CSV and PNG written."""
     argv = ["solve", "tgv", "--order", "3", "--elements", "2", "--t-final", "0.3", "--dt", "0.05",
-            "--out", str(tmp_path), "--json"]
+            "--out", str(tmp_path), "--vtu", str(tmp_path / "s.vtu"), "--vtu-every", "0.2", "--json"]
     assert cli.main(argv) == 0
     r, _ = _json(capsys)
     assert r["problem"] == "tgv" and r["reynolds"] == 1600 and r["converged"] is True and r["steps"] == 6
@@ -235,3 +237,6 @@ def test_solve_tgv_json_contract(capsys, tmp_path):
     assert all(a > b for a, b in zip(r["kinetic_energy"][1:], r["kinetic_energy"][2:]))
     assert r["seconds_per_step"] > 0 and r["dt"] == 0.05
     assert (tmp_path / "tgv.csv").read_text().count("\n") == n + 1 and (tmp_path / "tgv.png").stat().st_size > 0
+    # snapshots at 0.2 and at t_final, in two run segments that give the one-run series
+    assert r["vtu"] == [str(tmp_path / "s_t0.2.vtu"), str(tmp_path / "s.vtu")]
+    assert all(os.path.getsize(p) > 0 for p in r["vtu"])

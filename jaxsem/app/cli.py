@@ -146,6 +146,9 @@ def build_parser() -> _Parser:
     t.add_argument("--out", metavar="DIR", default=None, help="write tgv.csv and tgv.png (against the DNS) there")
     t.add_argument("--vtu", metavar="PATH", default=None,
                    help="write velocity, pressure and vorticity magnitude at t-final to this .vtu file")
+    t.add_argument("--vtu-every", type=float, default=None, metavar="T",
+                   help="with --vtu: also a snapshot at every multiple of T (a multiple of --sample), "
+                        "PATH stem + _t<time>.vtu")
     t.add_argument("--checkpoint", metavar="PATH", default=None, help="write a checkpoint after every sample")
     t.add_argument("--resume", metavar="PATH", default=None, help="continue from this checkpoint")
     t.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
@@ -285,6 +288,15 @@ def _validate(parser: _Parser, args) -> None:
                         check_writable(getattr(args, name))
                     except ValueError as e:
                         fail(f"argument --{name}: {e}")
+            if args.vtu_every is not None:
+                if not args.vtu:
+                    fail("argument --vtu-every: needs --vtu PATH")
+                if args.checkpoint or args.resume:
+                    fail("argument --vtu-every: not with --checkpoint or --resume")
+                n = args.vtu_every / args.sample
+                if not (math.isfinite(n) and n >= 1 - 1e-9 and abs(n - round(n)) < 1e-9):
+                    fail(f"argument --vtu-every: must be a whole multiple of --sample ({args.sample}), "
+                         f"got {args.vtu_every}")
             if args.resume and not os.path.isfile(args.resume):
                 fail(f"argument --resume: no such file: {args.resume}")
             return
@@ -651,7 +663,8 @@ def main(argv=None) -> int:
 
                 result = run_tgv(args.order, args.elements, args.t_final, dt=args.dt, reynolds=args.reynolds,
                                  sample=args.sample, cfl=args.cfl, out=args.out, vtu=args.vtu, backend=args.backend,
-                                 place=place, checkpoint=args.checkpoint, resume=args.resume, progress=log,
+                                 place=place, checkpoint=args.checkpoint, resume=args.resume,
+                                 vtu_every=args.vtu_every, progress=log,
                                  progress_bar=not quiet and first)
                 report = _report_tgv
             elif args.problem == "maxwell":

@@ -36,11 +36,15 @@ def default_dt(ns_probe: NS.NavierStokes, state: NS.State, cfl: float, sample: f
 def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, reynolds: float = 1600.0,
             sample: float = 0.1, cfl: float = 0.4, out: str | None = None, vtu: str | None = None,
             backend: str = "auto", place: dict | None = None, checkpoint: str | None = None,
-            resume: str | None = None, progress=lambda m: None, progress_bar: bool = False) -> dict:
+            resume: str | None = None, vtu_every: float | None = None, progress=lambda m: None,
+            progress_bar: bool = False) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
     ``out``: a directory for ``tgv.csv``, ``tgv.json`` and ``tgv.png`` (None: none written);
-    ``dt``: None picks the largest step with initial CFL ≤ ``cfl`` that divides ``sample``.
+    ``dt``: None picks the largest step with initial CFL ≤ ``cfl`` that divides ``sample``;
+    ``vtu``: the snapshot at ``t_final``, and with ``vtu_every`` (a multiple of ``sample``) one
+    at every multiple of it too, ``<vtu stem>_t<time>.vtu`` (not with checkpoints: the run is
+    then split into one :func:`navier_stokes.run` call per snapshot).
     """
     place = place or {}
     tic = time.perf_counter()
@@ -64,12 +68,26 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
                 dealias=ns.options.dealias, pressure_tol=ns.options.pressure_tol,
                 velocity_tol=ns.options.velocity_tol, backend=ns.sem.backend.name,
                 setup_seconds=setup_seconds, **_where(ns.sem))
+    ends = [t_final]
+    if vtu_every is not None:
+        if checkpoint is not None or resume is not None:
+            raise ValueError("vtu_every: not with checkpoint or resume (give one or the other)")
+        k = max(1, round(t_final / vtu_every))
+        ends = sorted({round(i * vtu_every, 12) for i in range(1, k + 1) if i * vtu_every < t_final - 1e-9}
+                      | {t_final})
+    parts, steps, seconds, snapshots = [], 0, 0.0, []
     try:
-        st, s, info = NS.run(ns, st, t_final, sample_interval=sample, options=opts)
+        for t_end in ends:
+            st, s, info = NS.run(ns, st, t_end, sample_interval=sample, options=opts)
+            parts.append(s if not parts else NS.Series(*(a[1:] for a in s)))
+            steps, seconds = steps + info.steps, seconds + info.seconds
+            if vtu is not None and vtu_every is not None and t_end != t_final:
+                snapshots.append(_snapshot(ns, st, f"{os.path.splitext(vtu)[0]}_t{t_end:g}.vtu"))
     except ts.NonFiniteError as e:
-        return dict(base, converged=False, steps=e.step, message=str(e))
-    record = dict(base, converged=True, steps=info.steps, seconds=info.seconds,
-                  seconds_per_step=info.seconds / max(info.steps, 1), **_series(s, nu))
+        return dict(base, converged=False, steps=steps + e.step, message=str(e))
+    s = NS.Series(*(np.concatenate(cols) for cols in zip(*parts)))
+    record = dict(base, converged=True, steps=steps, seconds=seconds,
+                  seconds_per_step=seconds / max(steps, 1), **_series(s, nu))
     record.update(_compare(s))
     if out is not None:
         os.makedirs(out, exist_ok=True)
@@ -78,10 +96,14 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             plot(s, nu, os.path.join(out, "tgv.png"))
         record["files"] = [os.path.join(out, f) for f in ("tgv.csv", "tgv.png")]
     if vtu is not None:
-        w = NS.vorticity(ns, st)
-        _write_vtu(vtu, ns.sem, velocity=st.u, pressure=st.p, vorticity_magnitude=jnp.sqrt(jnp.sum(w * w, 0)))
-        record["vtu"] = vtu
+        record["vtu"] = snapshots + [_snapshot(ns, st, vtu)]
     return record
+
+
+def _snapshot(ns: NS.NavierStokes, st: NS.State, path: str) -> str:
+    """Velocity, pressure and vorticity magnitude of ``st`` to a VTU file for ParaView."""
+    w = NS.vorticity(ns, st)
+    return _write_vtu(path, ns.sem, velocity=st.u, pressure=st.p, vorticity_magnitude=jnp.sqrt(jnp.sum(w * w, 0)))
 
 
 def _with_dt(ns: NS.NavierStokes, dt: float) -> NS.NavierStokes:
