@@ -153,6 +153,8 @@ def test_bad_input_is_named():
         NS.setup(mesh, nu=0.1, dt=float("nan"))
     with pytest.raises(ValueError, match="time_order"):
         NS.NSOptions(time_order=4)
+    with pytest.raises(ValueError, match=r"pressure_tol must be a number in \[2.22e-15, 1\)"):
+        NS.NSOptions(pressure_tol=1e-16)
     ns, st0, *_ = tgv_run()
     with pytest.raises(ValueError, match="whole number of steps"):
         NS.run(ns, st0, 0.41)

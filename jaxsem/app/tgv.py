@@ -127,7 +127,7 @@ def _compare(s: NS.Series) -> dict:
     eps = np.where(np.isfinite(s.dissipation), s.dissipation, -np.inf)
     i = int(np.argmax(eps))
     out["peak_dissipation"] = float(s.dissipation[i]) if np.isfinite(eps[i]) else None
-    out["peak_dissipation_time"] = float(s.time[i] - 0.0) if np.isfinite(eps[i]) else None
+    out["peak_dissipation_time"] = float(s.time[i]) if np.isfinite(eps[i]) else None
     for t in (5.0, 10.0):
         j = np.nonzero(np.isclose(s.time, t, atol=1e-9))[0]
         out[f"kinetic_energy_t{t:g}"] = float(s.kinetic_energy[j[0]]) if j.size else None

@@ -50,9 +50,6 @@ from . import poisson
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "run", "bdf_ext"]
 
-MAX_TIME_ORDER = 3
-
-
 def bdf_ext(k: int):
     """``(β, a)`` of BDFk/EXTk for a fixed step: β = (β₀, β₁, …, β_k) with
     (β₀uⁿ⁺¹ − Σᵢ βᵢuⁿ⁺¹⁻ⁱ)/Δt ≈ ∂u/∂t, and a = (a₁, …, a_k) with Σᵢ aᵢ fⁿ⁺¹⁻ⁱ ≈ fⁿ⁺¹."""
@@ -101,8 +98,9 @@ class NSOptions:
             raise ValueError(f"NSOptions.time_order must be 1, 2 or 3, got {self.time_order!r}")
         for name in ("pressure_tol", "velocity_tol"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (min_tol(jnp.float32) * 1e-9 < v < 1):
-                raise ValueError(f"NSOptions.{name} must be a number in (0, 1), got {v!r}")
+            lo = min_tol(jnp.float64)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v < 1):
+                raise ValueError(f"NSOptions.{name} must be a number in [{lo:.3g}, 1), got {v!r}")
         for name in ("pressure_maxiter", "velocity_maxiter"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
