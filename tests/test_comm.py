@@ -51,6 +51,14 @@ def test_single_process_comm():
     assert hash(comm) == hash(Comm(0, 1))
 
 
+def test_lead_process_writes_shared_files():
+    """Only rank 0 writes files that every rank would write alike (a global series)."""
+    from jaxsem.parallel.comm import ShardComm
+
+    assert Comm().lead and Comm(rank=0, size=2).lead and not Comm(rank=1, size=2).lead
+    assert ShardComm(size=1).lead  # one controller process: process 0
+
+
 def test_launcher_size_from_env(monkeypatch):
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)

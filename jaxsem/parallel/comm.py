@@ -130,6 +130,12 @@ class Transport:
         """Suffix that keeps per-process files apart (``""`` where one process writes)."""
         return ""
 
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes the files every process would write alike (a global
+        time series, a plot): process 0 of a multi-controller run, rank 0 under MPI."""
+        return jax.process_index() == 0
+
     def allreduce(self, x, op: str = "sum"):  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -172,6 +178,10 @@ class Comm(Transport):
     @property
     def file_suffix(self) -> str:
         return f".rank{self.rank}-of-{self.size}" if self.size > 1 else ""
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0 and jax.process_index() == 0
 
     def allreduce(self, x, op: str = "sum"):
         """Sum (``op="sum"``) or maximum (``"max"``) of ``x`` over all ranks (mpi4jax); identity on one."""

@@ -23,6 +23,11 @@ def test_world_is_really_distributed(comm):
         assert "mpi4jax" in sys.modules
 
 
+def test_exactly_one_lead_rank(comm):
+    leads = float(allreduce_sum(jnp.asarray(float(comm.lead)), comm))
+    assert leads == 1.0 and comm.lead == (comm.rank == 0)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.int32])
 def test_allreduce_sum_jit_closed_form(comm, dtype):
     r, p = comm.rank, comm.size
