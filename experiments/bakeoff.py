@@ -12,6 +12,7 @@ is measured in the same run and every rate is also given as % of its
 bandwidth ceiling (bytes per DOF from :func:`jaxsem.app.bench.bytes_per_dof`).
 
     python experiments/bakeoff.py --orders 1-15 --target-points 4e6 --out results/bakeoff_h100.json
+    python experiments/bakeoff.py --problems bp5 --backend auto --storage auto,local ...  # both storages
     python experiments/bakeoff.py --plot results/bakeoff_h100.json    # PNG beside the JSON
 Default (CPU, seconds): orders 2 3, 1e4 points, problems bk5 bp5.
 """
@@ -66,32 +67,57 @@ def run(args):
         numbering = number_nodes(mesh)
         setup_mesh = time.perf_counter() - t0
         sems = {}
-        for prob in problems:
+        storages = args.storage.split(",")
+        for prob, storage in [(p, st) for p in problems for st in (storages if p.startswith("bp") else storages[:1])]:
             spec = BK_SPECS[int(prob[2:])]
-            key = (spec.quadrature, spec.dirichlet)
+            key = (spec.quadrature, spec.dirichlet, storage)
             if key not in sems:
-                sems = {key: discretize(mesh, spec.quadrature, spec.dirichlet, backend=args.backend, numbering=numbering)}
+                sems = {key: discretize(mesh, spec.quadrature, spec.dirichlet, backend=args.backend, numbering=numbering,
+                                        storage=storage)}
             sem = sems[key]
-            try:
-                if prob.startswith("bk"):
-                    r = bench.time_bk(spec, sem, repeats=args.repeats)
-                else:
-                    r = bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2))
-            except Exception as exc:  # out of memory at large p/size: record, go on
-                r = dict(problem=prob, order=order, error=f"{type(exc).__name__}: {str(exc)[:200]}")
-                print(f"{prob} p={order}: {r['error']}", file=sys.stderr)
+            variants = [None]
+            if args.bk5a_variants and sem.assembled is not None and prob in ("bp5", "bp6") \
+                    and sem.backend.name == "cuda":
+                variants = [(int(v.rstrip("p")), v.endswith("p")) for v in args.bk5a_variants.split(",")]
+            for variant in variants:
+                r = one(args, prob, spec, sem, variant)
+                if r is None:
+                    continue
+                r.update(elements=[m] * 3, mesh_seconds=setup_mesh)
+                bench.rates(r, bw)
                 result["rows"].append(r)
-                continue
-            r.update(elements=[m] * 3, mesh_seconds=setup_mesh)
-            bench.rates(r, bw)
-            result["rows"].append(r)
-            print(f"{prob} p={order:2d} E={m}^3 n={r['dofs']:.2e} {r['dofs_per_second']/1e9:7.3f} GDOF/s "
-                  f"{r['percent_of_ceiling']:5.1f}% of ceiling  (compile {r['compile_seconds']:.1f}s)", file=sys.stderr)
-            if args.out:
-                with open(args.out, "w") as fh:
-                    json.dump(result, fh, indent=1)
+                print(f"{prob} {r.get('storage', '')} {r.get('cuda_variant', '')} p={order:2d} E={m}^3 "
+                      f"n={r['dofs']:.2e} {r['dofs_per_second']/1e9:7.3f} GDOF/s "
+                      f"{r['percent_of_ceiling']:5.1f}% of ceiling  (compile {r['compile_seconds']:.1f}s)",
+                      file=sys.stderr)
+                if args.out:
+                    with open(args.out, "w") as fh:
+                        json.dump(result, fh, indent=1)
         del sems
     return result
+
+
+def one(args, prob, spec, sem, variant):
+    """Time BK/BP ``prob`` on ``sem``; ``variant``: (V, prefetch) of the fused assembled BK5
+    kernel, set in the tuning table while the solve is traced (None: the table's own)."""
+    from jaxsem.backends import cuda as ck
+
+    key = ("bk5a", sem.order + 1, spec.components > 1, sem.x.dtype.name)
+    listed = ck.TUNING.get(key)
+    if variant is not None:
+        ck.TUNING[key] = variant
+    try:
+        if prob.startswith("bk"):
+            return bench.time_bk(spec, sem, repeats=args.repeats)
+        return bench.time_bp(spec, sem, iterations=args.iterations, repeats=max(2, args.repeats // 2))
+    except Exception as exc:  # out of memory at large p/size: record, go on
+        print(f"{prob} p={sem.order}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return None
+    finally:
+        if listed is None:
+            ck.TUNING.pop(key, None)
+        else:
+            ck.TUNING[key] = listed
 
 
 def plot(path):
@@ -135,6 +161,11 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--backend", default="einsum", choices=["einsum", "auto", "cuda"],
                     help="element kernels (auto: CUDA on GPUs, einsum elsewhere)")
+    ap.add_argument("--storage", default="auto",
+                    help="Krylov storage of the BPs, comma list: auto (assembled on one device), local")
+    ap.add_argument("--bk5a-variants", default="",
+                    help="assembled BP5/BP6 with the CUDA backend: time each variant V (Vp: L2 prefetch on), "
+                         "e.g. 2,4,6")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)

@@ -48,10 +48,14 @@ def test_cuda_kernel_record():
     from jaxsem.operators.bk import BK_SPECS
 
     u1, u3 = jnp.zeros((4, 8, 8, 8)), jnp.zeros((3, 4, 8, 8, 8))
-    assert bench.kernel_record(BK_SPECS[1], "cuda", u1) == dict(
-        zip(("cuda_variant", "cuda_prefetch"), ck.defaults("mass", u1)))
+    keys = ("cuda_variant", "cuda_prefetch", "cuda_op")
+    assert bench.kernel_record(BK_SPECS[1], "cuda", u1) == dict(zip(keys, ck.defaults("mass", u1) + ("mass",)))
     assert bench.kernel_record(BK_SPECS[6], "cuda", u3) == dict(
-        zip(("cuda_variant", "cuda_prefetch"), ck.TUNING["bk5", 8, True, "float64"]))
+        zip(keys, ck.TUNING["bk5", 8, True, "float64"] + ("bk5",)))
+    # BP5/BP6 in assembled storage run the fused kernel: its own table row
+    assert bench.kernel_record(BK_SPECS[6], "cuda", u3, assembled=True) == dict(
+        zip(keys, ck.TUNING["bk5a", 8, True, "float64"] + ("bk5a",)))
+    assert bench.kernel_record(BK_SPECS[3], "cuda", u1, assembled=True)["cuda_op"] == "stiffness"
     assert bench.kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
     assert bench.kernel_record(BK_SPECS[5], "einsum", u1) == {}
     r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, backend="einsum")
@@ -61,7 +65,20 @@ def test_cuda_kernel_record():
 def test_bench_dispatch_and_float32():
     r = bench.bench("BP3", ORDER, ELEMENTS, iterations=2, repeats=1, dtype="float32")
     assert r["problem"] == "bp3" and r["dtype"] == "float32" and r["iterations"] == 2
-    assert r["bytes_per_dof"] == pytest.approx(bench.bytes_per_dof("bp3", ORDER, "float64") / 2)
+    assert r["storage"] == "assembled"  # one device
+    assert r["bytes_per_dof"] == pytest.approx(bench.bytes_per_dof("bp3", ORDER, "float64", "assembled") / 2)
+
+
+def test_bytes_per_dof_assembled_model():
+    """Assembled BP5 at p = 7: 6.5 words per local node (G and the int32 map) and 16 per global
+    node (3 for the operator's vectors, 13 for PCG's): 205.6 B/DOF against 298.5 with E-vectors."""
+    assert bench.bytes_per_dof("bp5", 7, storage="assembled") == pytest.approx(8 * (6.5 * 512 + 16 * 343) / 343)
+    assert bench.bytes_per_dof("bp5", 7, storage="assembled") == pytest.approx(205.6, abs=0.05)
+    # three components share G and the map
+    assert bench.bytes_per_dof("bp6", 7, storage="assembled") == pytest.approx(8 * (6.5 * 512 + 44 * 343) / (3 * 343))
+    assert bench.bytes_per_dof("bk5", 7, storage="assembled") == bench.bytes_per_dof("bk5", 7)  # BKs have none
+    with pytest.raises(ValueError, match="storage must be one of"):
+        bench.bytes_per_dof("bp5", 7, storage="global")
 
 
 def test_bytes_per_dof_model():

@@ -226,10 +226,11 @@ def test_derivatives_are_the_references(built):
 
 
 @gpu
-@pytest.mark.parametrize("bp", [1, 3, 5])
-def test_solve_with_cuda_kernels(built, bp):
+@pytest.mark.parametrize("bp", [1, 3, 5, 6])
+def test_solve_with_cuda_kernels(bp):
     """Same iterates up to rounding (iteration counts within one), same solution, same
-    gradient: the kernel in every forward and adjoint PCG iteration."""
+    gradient: the kernel in every forward and adjoint PCG iteration (BP5/BP6: the fused
+    kernel on assembled vectors)."""
     mesh = box_mesh((3, 3, 2), 5, deform=0.1)
     sems = {b: poisson.bp_discretize(mesh, bp, backend=b) for b in ("einsum", "cuda")}
     assert poisson.bp_discretize(mesh, bp).backend.name == "cuda"  # auto prefers CUDA
@@ -243,6 +244,30 @@ def test_solve_with_cuda_kernels(built, bp):
     loss = lambda b: lambda f: jnp.sum(poisson.solve(sems[b], f, h1, h2, tol=1e-12)[0] ** 2)
     dc, de = jax.grad(loss("cuda"))(f), jax.grad(loss("einsum"))(f)
     np.testing.assert_allclose(dc, de, rtol=0, atol=1e-8 * float(jnp.max(jnp.abs(de))))
+
+
+@gpu
+@pytest.mark.parametrize("variant", ck.VARIANTS["bk5a"])
+@pytest.mark.parametrize("order, comps", [(1, 1), (3, 3), (7, 1), (7, 3), (12, 1)])
+def test_assembled_kernel_equals_reference(monkeypatch, variant, order, comps):
+    """BK5 on assembled vectors (gather, element operator, atomic sum in one launch) against
+    take + einsum + segment_sum, on a mesh with Dirichlet nodes and a ragged last block."""
+    from jaxsem.backends import EINSUM
+
+    sem = poisson.bp_discretize(box_mesh((3, 2, 2), order, deform=0.1), 5, backend="einsum")
+    a = sem.assembled
+    monkeypatch.setitem(ck.TUNING, ("bk5a", order + 1, comps > 1, "float64"), (variant, False))
+    x = jax.random.normal(jax.random.PRNGKey(order), ((comps,) if comps > 1 else ()) + (a.size,))
+    G = jax.random.normal(jax.random.PRNGKey(1), sem.geom.G.shape)
+    got = ck.stiffness_gll_assembled_cuda(x, a.idx, sem.D, G)
+    want = EINSUM.stiffness_gll_assembled(x, a.idx, sem.D, G)
+    assert float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want))) < 1e-13
+    free = np.zeros(a.size, bool)
+    free[np.asarray(a.idx)[np.asarray(a.idx) < a.size]] = True
+    assert float(jnp.max(jnp.abs(got[..., ~free]))) == 0.0  # Dirichlet slots untouched
+    dx = jax.random.normal(jax.random.PRNGKey(9), x.shape)
+    t_got = jax.jvp(lambda x: ck.stiffness_gll_assembled_cuda(x, a.idx, sem.D, G), (x,), (dx,))[1]
+    np.testing.assert_allclose(t_got, EINSUM.stiffness_gll_assembled(dx, a.idx, sem.D, G), rtol=1e-12, atol=1e-12)
 
 
 def test_gs_csr_cuda_checks_its_arguments():

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import basis
+from ..discretization import assembled
 from ..parallel.comm import allreduce_sum
 from ..mesh.box import _check_int_triple, box_mesh
 from ..models import poisson
@@ -107,7 +108,10 @@ def count_dofs(components: int, order: int, elements) -> tuple[int, int]:
     return points, int(components) * points
 
 
-def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
+STORAGES = ("local", "assembled")
+
+
+def bytes_per_dof(problem: str, order: int, dtype="float64", storage: str = "local") -> float:
     """Minimum bytes moved per DOF by one BK apply or one BP (PCG) iteration.
 
     Words per local node (n = p + 1 GLL nodes per axis, q quadrature points,
@@ -122,7 +126,16 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
 
     bytes/DOF = words · itemsize · n³ / (c · p³). FP64, p = 7: BK5 95.5 B/DOF
     (SEEDS.md §1); BP5 298.5 B/DOF (SEEDS.md's rougher estimate is 269).
+
+    ``storage="assembled"`` (BP only; vectors hold one value per global node, ≈ p³ per
+    element): per local node the geometric data and the node map (int32, half a word);
+    per global node the operator's gather of p, its zeroed output and the sum into it (3c),
+    then p·Ap (2c), x += αp (3c), r -= αAp with z = dinv·r and the two dots (3c + 1),
+    p = dinv·r + βp (3c + 1): bytes/DOF = itemsize · ((geometric + ½) n³ + (14c + 2) p³) / (c p³).
+    FP64, p = 7: BP5 205.6 B/DOF.
     """
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
     kind, spec = check_problem(problem)
     order = basis.check_order(order)
     item = _check_dtype(dtype).itemsize
@@ -130,7 +143,10 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
     q = n if spec.quadrature == "gll" else order + 2
     rho = (q / n) ** 3
     c = spec.components
-    words = 2 * c + (1 if spec.operator == "mass" else 6) * rho
+    geometric = (1 if spec.operator == "mass" else 6) * rho
+    if kind == "bp" and storage == "assembled":
+        return float(item * ((geometric + 0.5) * n**3 + (14 * c + 2) * order**3) / (c * order**3))
+    words = 2 * c + geometric
     if kind == "bp":
         words += 12 * c + 5
     return float(words * item * n**3 / (c * order**3))
@@ -138,7 +154,7 @@ def bytes_per_dof(problem: str, order: int, dtype="float64") -> float:
 
 def rates(result: dict, bandwidth):
     """Add bytes_per_dof, bytes_per_second and (with ``bandwidth``) the ceiling."""
-    bpd = bytes_per_dof(result["problem"], result["order"], result["dtype"])
+    bpd = bytes_per_dof(result["problem"], result["order"], result["dtype"], result.get("storage", "local"))
     result["bytes_per_dof"] = bpd
     result["bytes_per_second"] = result["dofs_per_second"] * bpd
     if bandwidth is not None:
@@ -240,15 +256,18 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, 
     return rates(result, bandwidth)
 
 
-def kernel_record(spec, used: str, u) -> dict:
+def kernel_record(spec, used: str, u, assembled: bool = False) -> dict:
     """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
-    (:func:`jaxsem.backends.cuda.defaults` for this operator and ``u``)."""
+    (:func:`jaxsem.backends.cuda.defaults` for this operator and the E-vector shape of ``u``;
+    ``assembled``: BP5/BP6's fused kernel on assembled vectors, ``"bk5a"``)."""
     if used != "cuda":
         return {}
     from ..backends import cuda as ck
 
-    variant, prefetch = ck.defaults("bk5" if spec.quadrature == "gll" else spec.operator, u)
-    return dict(cuda_variant=variant, cuda_prefetch=prefetch)
+    op = "bk5" if spec.quadrature == "gll" else spec.operator
+    op = "bk5a" if assembled and op == "bk5" else op
+    variant, prefetch = ck.defaults(op, u)
+    return dict(cuda_variant=variant, cuda_prefetch=prefetch, cuda_op=op)
 
 
 BK_INNER = 5  # applies per timed BK sample, dispatched back to back (see _time)
@@ -334,15 +353,24 @@ def bench_bp(
 def bp_run(spec, sem, iterations: int):
     """BP ``spec``'s fixed-iteration PCG solve on ``sem`` as ``(run, args)``: ``run(*args)``
     (jittable) does ``iterations`` Jacobi-PCG iterations (tol = 0) on b = load(f_manufactured)
-    and returns ``(x, PCGInfo)``; ``args = (sem, b, dinv)``, built here."""
+    and returns ``(x, PCGInfo)``; ``args = (sem, b, dinv)``, built here. The vectors are in
+    ``sem``'s storage: assembled (one value per global node) where ``sem.assembled`` is set,
+    else E-vectors."""
     k = spec.number
     h1, h2 = poisson.coefficients(k)
     b = poisson.load(sem, poisson.manufactured(k).f)
     dinv = poisson.jacobi(sem, h1, h2)
+    if sem.assembled is not None:
+        b, dinv = (assembled.from_local(sem.assembled, v, sem.mult) for v in (b, dinv))
 
-    def run(sem, b, dinv):
-        A = poisson.operator(sem, h1, h2)
-        return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
+        def run(sem, b, dinv):
+            A = poisson.global_operator(sem, h1, h2)
+            return pcg(A, b, dot=assembled.dot, dots=assembled.dots, precond=lambda r: dinv * r, tol=0.0,
+                       maxiter=iterations)
+    else:
+        def run(sem, b, dinv):
+            A = poisson.operator(sem, h1, h2)
+            return pcg(A, b, dot=sem.dot, dots=sem.dots, precond=lambda r: dinv * r, tol=0.0, maxiter=iterations)
 
     return run, (sem, b, dinv)
 
@@ -374,7 +402,10 @@ def time_bp(spec, sem, iterations: int = 100, repeats: int = 5, progress=None) -
     r0 = float(info.residual0)
     used = sem.backend.name
     return dict(
-        problem=f"bp{k}", backend=used, **kernel_record(spec, used, b), order=sem.order, num_elements=E,
+        problem=f"bp{k}", backend=used, storage="local" if sem.assembled is None else "assembled",
+        **kernel_record(spec, used, jax.ShapeDtypeStruct(b.shape[:-1] + sem.mask.shape, b.dtype)
+                        if sem.assembled is not None else b, sem.assembled is not None),
+        order=sem.order, num_elements=E,
         components=spec.components, points=points, dofs=dofs, dtype=jnp.dtype(sem.x.dtype).name,
         iterations=its, converged=None,
         residual_reduction=float(info.residual) / r0 if r0 > 0 else float("nan"),

@@ -26,7 +26,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from ..operators.mass import mass
-from ..operators.stiffness import stiffness, stiffness_gll
+from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
 
 __all__ = ["Backend", "BACKENDS", "EINSUM", "resolve"]
 
@@ -80,6 +80,17 @@ class Backend:
 
             return cuda.stiffness_gll_cuda(u, D, G, h)
         return stiffness_gll(u, D, G, h)
+
+
+    def stiffness_gll_assembled(self, x, idx, D, G, h=None):
+        """BK5/BK6 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness_gll(Q x)`` with ``Q x`` =
+        ``x`` taken at ``idx: (E, n, n, n)`` (0 where ``idx >= nf``, the Dirichlet nodes) and Qᵀ the
+        sum of the copies; the CUDA kernel does all three in one launch."""
+        if self.name == "cuda":
+            from . import cuda
+
+            return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
+        return stiffness_gll_assembled(x, idx, D, G, h)
 
 
 EINSUM = Backend("einsum")

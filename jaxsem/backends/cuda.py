@@ -64,15 +64,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..operators.mass import mass
-from ..operators.stiffness import stiffness, stiffness_gll
+from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
 
-__all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda", "mass_cuda",
+__all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
+           "stiffness_gll_assembled_cuda", "mass_cuda",
            "stiffness_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
            "DEFAULT", "PREFETCH_L2"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
-OPS = ("bk5", "mass", "stiffness")  # BK5/BK6 (GLL, collocated), BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
+# BK5/BK6 (GLL, collocated), the same on assembled vectors, BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
+OPS = ("bk5", "bk5a", "mass", "stiffness")
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness):
@@ -89,7 +91,10 @@ OPS = ("bk5", "mass", "stiffness")  # BK5/BK6 (GLL, collocated), BK1/BK2, BK3/BK
 #   9     as 8 with registers capped for three blocks per multiprocessor
 #   10    as 8 with registers capped for more blocks: two (BK5/BK6), four (mass)
 #   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11)}
+# bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
+# input through the node map and adding its output into the global vector with atomics.
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "mass": (8, 9, 10),
+            "stiffness": (2, 3, 8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
 # component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older GPUs and for
@@ -107,6 +112,8 @@ _ROWS = {  # n =                           2    3    4    5    6    7    8    9 
     ("bk5", False, "float32"):        "    1    1    .    .    6    8    8    8    6    4    6    4    5    5    7",
     ("bk5", True, "float64"):         "    1    1    .  10p  10p   10    4   10    8    4    6    4    5    5    7",
     ("bk5", True, "float32"):         "    1    1  10p  10p  10p  10p  10p  10p  10p  10p  10p  10p    5    5    7",
+    ("bk5a", False, "float64"):       "    .    .    .    .    6    .    6    .    6    .    6    .    .    .    7",
+    ("bk5a", True, "float64"):        "    .    .    .    .    .    .    5    .    .    .    .    .    .    .    .",
     ("mass", False, "float64"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", False, "float32"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", True, "float64"):        "    8   8p    8   8p   8p   9p   10   10    9   9p    9    9    8    8    9",
@@ -385,6 +392,44 @@ def stiffness_gll_cuda(u, D, G, h1=None):
         G = G * h1
     D = D.astype(u.dtype)
     return _apply(u, D, D, G.astype(u.dtype), "bk5", attr)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _apply_assembled(x, idx, D, G, attr):
+    x2 = x.reshape((-1, x.shape[-1]))
+    call = jax.ffi.ffi_call(_ffi_target("bk5a", x.dtype, idx.shape[-1]), jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                            vmap_method="sequential")
+    return call(x2, idx, D, G, variant=np.int32(attr)).reshape(x.shape)
+
+
+@_apply_assembled.defjvp
+def _apply_assembled_jvp(attr, primals, tangents):
+    x, idx, D, G = primals
+    dx, _, dD, dG = tangents
+    _, dw = jax.jvp(lambda x, D, G: stiffness_gll_assembled(x, idx, D, G), (x, D, G), (dx, dD, dG))
+    return _apply_assembled(x, idx, D, G, attr), dw
+
+
+def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
+    """BK5/BK6 on assembled vectors: ``Qᵀ (Σ_ab D_aᵀ h₁G_ab D_b) Q x`` in one launch.
+
+    ``x: (..., nf)`` one value per global node; ``idx: (E, n, n, n)`` int32, the global node of
+    each local node (``nf`` or more: a Dirichlet node, read as 0 and never written);
+    ``D: (n, n)``, ``G: (6, E, n, n, n)``. Returns ``(..., nf)``. The kernel adds element
+    outputs with atomics, so the last bits of a result may differ from run to run.
+    """
+    n = idx.shape[-1]
+    if x.dtype not in (jnp.float32, jnp.float64) or idx.dtype != jnp.int32 or idx.ndim != 4 or not 2 <= n <= MAX_N:
+        raise ValueError(f"stiffness_gll_assembled_cuda supports x: (..., nf) float32/float64 and idx: (E, n, n, n) "
+                         f"int32 with 2 <= n <= {MAX_N}; got x {x.shape} {x.dtype}, idx {idx.shape} {idx.dtype}")
+    if not cuda_available():
+        raise ValueError("stiffness_gll_assembled_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+    u_like = jax.ShapeDtypeStruct(x.shape[:-1] + idx.shape, x.dtype)
+    attr = _attr("bk5a", u_like)
+    if h1 is not None:
+        G = G * h1
+    return _apply_assembled(x, idx, D.astype(x.dtype), G.astype(x.dtype), attr)
 
 
 def mass_cuda(u, J, B, h2=None):

@@ -20,12 +20,15 @@ from ..core.reduce import weighted_dots
 from ..parallel.comm import Comm, get_comm
 from . import shard
 from .base import Discretization
+from .assembled import Assembled, make_assembled
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from ..mesh.box import Mesh
 from ..mesh.numbering import Numbering, number_nodes
 from ..mesh.partition import partition_mesh
 
-__all__ = ["SEM", "discretize", "memory_bytes"]
+__all__ = ["SEM", "discretize", "memory_bytes", "STORAGES"]
+
+STORAGES = ("auto", "local")
 
 
 @jax.tree_util.register_dataclass
@@ -48,6 +51,9 @@ class SEM(Discretization):
       order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
       backend: static :class:`jaxsem.backends.Backend`, the element kernels (and through
         ``gs``, the gather–scatter) chosen once by :func:`discretize`.
+      assembled: the node map of assembled storage (:mod:`.assembled`) on one device, where
+        solvers keep their Krylov vectors with one value per global node; None (distributed,
+        or ``storage="local"``): they keep E-vectors.
 
     Under MPI each rank holds only its elements; sharded over devices the arrays are
     global and split along the element axis (:mod:`jaxsem.discretization.shard`).
@@ -70,6 +76,7 @@ class SEM(Discretization):
     num_global: int = dataclasses.field(metadata=dict(static=True))
     comm: object = dataclasses.field(metadata=dict(static=True), default=Comm())
     backend: Backend = dataclasses.field(metadata=dict(static=True), default=Backend())
+    assembled: Assembled | None = None
 
     @property
     def weight(self):
@@ -138,6 +145,7 @@ def discretize(
     comm: Comm | None = None,
     partition: np.ndarray | None = None,
     devices=None,
+    storage: str = "auto",
 ) -> SEM:
     """Number, measure and plan a mesh.
 
@@ -159,11 +167,16 @@ def discretize(
         of all processes) or a one-axis ``jax.sharding.Mesh``: then the arrays are global
         and split over the devices along the element axis (:mod:`.shard`), the transport
         is JAX's own (``psum``/``ppermute``), and everything else runs unchanged.
+      storage: where solvers keep Krylov vectors: ``"auto"`` (assembled, one value per
+        global node, on one device; E-vectors when distributed) or ``"local"`` (E-vectors
+        always: the reference).
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
     if quadrature not in ("gll", "gauss"):
         raise ValueError(f"quadrature must be 'gll' or 'gauss', got {quadrature!r}")
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
@@ -175,7 +188,8 @@ def discretize(
         if comm is not None:
             raise ValueError("give comm (MPI, one process per device) or devices (sharded), not both")
         return shard.distribute(
-            lambda c, part: discretize(mesh, quadrature, dirichlet, backend, dtype, q, numbering, c, part),
+            lambda c, part: discretize(mesh, quadrature, dirichlet, backend, dtype, q, numbering, c, part,
+                                       storage=storage),
             mesh, devices, partition)
     comm = get_comm() if comm is None else comm
     if not isinstance(comm, Comm):
@@ -194,6 +208,9 @@ def discretize(
     else:
         elements = np.arange(mesh.num_elements)
         plan = make_gs(numbering.gid, numbering.num_global, kernels.gs_layout, dtype)
+    assembled = None
+    if comm.size == 1 and storage == "auto":
+        assembled = make_assembled(numbering.gid, mask, numbering.num_global)
     x = jnp.asarray(mesh.x[:, elements], dtype=jnp.float64)
     geom = geo.geometric_factors(x, quad)
     gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
@@ -214,6 +231,7 @@ def discretize(
         num_global=numbering.num_global,
         comm=comm,
         backend=kernels,
+        assembled=assembled,
     )
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..core import basis
 from ..core import geometry as geo
+from ..discretization.assembled import Assembled
 from ..discretization.sem import SEM, discretize
 from ..mesh.box import Mesh
 from ..operators import stiffness_diagonal
@@ -192,6 +193,13 @@ class Diagnostics(NamedTuple):
     cfl: jax.Array
 
 
+def _all_free(sem):
+    """The assembled-storage map of ``sem`` with no Dirichlet nodes (the pressure's), or None."""
+    if sem.assembled is None:
+        return None
+    return Assembled(idx=sem.gs.gid.reshape(sem.mask.shape).astype(jnp.int32), size=sem.assembled.size)
+
+
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
           options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
           partition=None) -> NavierStokes:
@@ -220,8 +228,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
     sem = discretize(mesh, dirichlet=True, backend=backend, devices=devices, comm=comm, partition=partition)
     walls = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
-    psem = dataclasses.replace(sem, mask=jnp.broadcast_to(sem.valid, sem.mask.shape) * jnp.ones_like(sem.mask)) \
-        if walls else sem
+    psem = dataclasses.replace(sem, mask=jnp.broadcast_to(sem.valid, sem.mask.shape) * jnp.ones_like(sem.mask),
+                               assembled=_all_free(sem)) if walls else sem
     pmg = poisson.pmg(psem, mesh, 1.0, 0.0, options=options.pmg, partition=partition)
     if boundary is not None and walls:
         probe = jax.eval_shape(boundary, sem.x[0], sem.x[1], sem.x[2], 0.0)

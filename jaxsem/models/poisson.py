@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import geometry as geo
+from ..discretization import assembled
 from ..discretization.sem import SEM, discretize
 from ..mesh.box import Mesh
 from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
@@ -28,7 +29,7 @@ from ..solvers import multigrid
 from ..solvers.pcg import linear_solve
 
 __all__ = [
-    "BP_SPECS", "bp_discretize", "local_operator", "operator", "jacobi", "load",
+    "BP_SPECS", "bp_discretize", "local_operator", "operator", "global_operator", "jacobi", "load",
     "solve", "pmg", "manufactured", "relative_errors", "coefficients",
 ]
 
@@ -87,6 +88,29 @@ def operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
 
 def _assembled_apply(sem: SEM, u, h1, h2):
     return sem.mask * sem.dssum(_element_apply(sem, u, h1, h2))
+
+
+def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
+    """The operator on assembled vectors (one value per global node, ``sem.assembled``):
+    ``x ↦ Qᵀ(h₁A_e + h₂B_e)Q x`` for ``x: (..., num_global)``, 0 on Dirichlet nodes.
+
+    BP5/BP6's collocated stiffness runs as one fused kernel with the CUDA backend (gather,
+    element operator and sum of the copies); other operators as ``Q``, the element kernels
+    of ``sem.backend`` and ``Qᵀ``. Raises ``ValueError`` if ``sem`` has no assembled storage
+    (distributed, or ``storage="local"``).
+    """
+    a = _require_assembled(sem)
+    if sem.quadrature == "gll" and _is_zero(h2) and not _is_zero(h1):
+        h = None if _unit(h1) else h1
+        return lambda x: sem.backend.stiffness_gll_assembled(x, a.idx, sem.D, sem.geom.G, h)
+    return lambda x: assembled.scatter(a, _element_apply(sem, assembled.to_local(a, x), h1, h2))
+
+
+def _require_assembled(sem: SEM) -> assembled.Assembled:
+    if sem.assembled is None:
+        raise ValueError("sem has no assembled storage (it is distributed, or was discretized with "
+                         "storage='local'); use the E-vector operator")
+    return sem.assembled
 
 
 def _unit(h):
@@ -201,14 +225,16 @@ def _nonfinite(a) -> int:
 
 def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method, precond):
     b = load(sem, f) if rhs is None else rhs
+    if precond is not None and precond.dtype != sem.x.dtype and method == "classic":
+        method = "flexible"
+    if sem.assembled is not None:
+        return _solve_assembled(sem, b, h1, h2, tol, maxiter, method, precond)
     A = operator(sem, h1, h2)
     if precond is None:
         dinv = jacobi(sem, h1, h2)
         M = lambda r: dinv * r
     else:
         M = lambda r: multigrid.vcycle(precond, r)
-    if precond is not None and precond.dtype != sem.x.dtype and method == "classic":
-        method = "flexible"
     weight = sem.mult * sem.mask
     project = lambda u: sem.mask * sem.dssum(sem.mult * u)
     return linear_solve(
@@ -216,6 +242,28 @@ def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method, precond):
         precond=M, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
         transposable=sem.backend.transposable, keep_z=precond is not None,
     )
+
+
+def _solve_assembled(sem: SEM, b, h1, h2, tol, maxiter, method, precond):
+    """:func:`_solve` with the Krylov vectors in assembled storage; same result up to round-off.
+
+    ``b`` (an assembled E-vector) goes to one value per node and the solution comes back as an
+    E-vector; the p-multigrid cycle runs on E-vectors between the two.
+    """
+    a = sem.assembled
+    g = lambda u: assembled.from_local(a, u, sem.mult)
+    if precond is None:
+        dinv = g(jacobi(sem, h1, h2))
+        M = lambda r: dinv * r
+    else:
+        M = lambda r: g(multigrid.vcycle(precond, assembled.to_local(a, r)))
+    keep = g(sem.mask)  # 1 on free nodes, 0 on Dirichlet ones
+    x, info = linear_solve(
+        global_operator(sem, h1, h2), g(b), dot=assembled.dot, project=lambda x: keep * x, weight=keep,
+        precond=M, tol=tol, maxiter=maxiter, dots=assembled.dots, method=method,
+        transposable=sem.backend.transposable, keep_z=precond is not None,
+    )
+    return assembled.to_local(a, x), info
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ A_e u = Σ_ab D_aᵀ (h₁ G_ab) D_b u with the six symmetric factors
 BK3/BK4 use q = N + 2 Gauss points, BK5/BK6 the collocated GLL points.
 """
 
+import jax
 import jax.numpy as jnp
 
 from .mass import mass, mass_diagonal
@@ -28,6 +29,20 @@ def stiffness(u, J, Dt, G, h1=None):
 def stiffness_gll(u, D, G, h1=None):
     """w = A_e u collocated on GLL points (BK5): ``D: (n, n)``, ``G: (6, E, n, n, n)``."""
     return grad_gll_t(*_apply_G(G, *grad_gll(u, D), h1), D)
+
+
+def stiffness_gll_assembled(x, idx, D, G, h1=None):
+    """BK5 on assembled vectors: ``Qᵀ stiffness_gll(Q x)`` for ``x: (..., nf)``, ``(..., nf)``.
+
+    ``Q x`` takes ``x`` at ``idx: (E, n, n, n)`` (the global node of each local node; 0
+    where ``idx`` is out of range, the Dirichlet nodes), ``Qᵀ`` sums the copies of each node
+    (one ``segment_sum`` per component, dropping out-of-range ids).
+    """
+    u = jnp.take(x, idx, axis=-1, mode="fill", fill_value=0)
+    w = stiffness_gll(u, D, G, h1)
+    ids = idx.reshape(-1)
+    sums = [jax.ops.segment_sum(v, ids, num_segments=x.shape[-1]) for v in w.reshape((-1, ids.size))]
+    return jnp.stack(sums).reshape(x.shape)
 
 
 def stiffness_diagonal(J, Dt, G, h1=None):

@@ -15,7 +15,7 @@
 //   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
 //                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
 // Built by jaxsem/backends/cuda.py (nvcc, the device's own architecture) on first use, one
-// library per operator, dtype and order: -DJAXSEM_OP_BK5|MASS|STIFFNESS|GS,
+// library per operator, dtype and order: -DJAXSEM_OP_BK5|BK5A|MASS|STIFFNESS|GS,
 // -DJAXSEM_REAL=double|float and -DJAXSEM_N=n (not for GS) select what is instantiated.
 
 #include <cstdint>
@@ -139,7 +139,7 @@ extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 // order) before each launch.
 // BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
 __host__ __device__ constexpr int ops_words(int n) {
-#if defined(JAXSEM_OP_BK5)
+#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A)
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
@@ -294,10 +294,14 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
   }
 }
 
-template <int N, typename T, int MINB, int OPT>
+// ASM (assembled storage, op "bk5a"): u and w are (C, nf) vectors of global nodes, idx (E, n³)
+// the global node of each local one (outside [0, nf): a Dirichlet node, read as 0, not written). The
+// element gathers its input through idx and adds its output into w with atomics (w zeroed
+// before the launch), so the gather-scatter needs no pass of its own.
+template <int N, typename T, int MINB, int OPT, bool ASM = false>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
 bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ D,
-                   const T* __restrict__ G, T* __restrict__ w) {
+                   const T* __restrict__ G, T* __restrict__ w, const int32_t* __restrict__ idx, int64_t nf) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
   T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
@@ -307,7 +311,7 @@ bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* 
   T* GR = U + n3;
   T* GS = GR + n3;
   const int lt = i + N * j;
-  prefetch_block<EB>(l2, lt + n2 * z, E, C, u, n3, G, 6, E * n3, n3);
+  prefetch_block<EB>(l2, lt + n2 * z, E, ASM ? 0 : C, u, n3, G, 6, E * n3, n3);
   for (int t = lt + n2 * z; t < n2; t += n2 * EB) {
     sD[t] = D[t];
     sDt[(t % N) * N + t / N] = D[t];
@@ -318,8 +322,17 @@ bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* 
   const int64_t base = (active ? e : 0) * n3;
   for (int c = 0; c < C; ++c) {
     __syncthreads();  // D loaded; the previous component's reads of U/GR/GS done
-    const T* uc = u + c * stride + base;
-    for (int t = lt; t < n3; t += n2) U[t] = active ? uc[t] : T(0);
+    if constexpr (ASM) {
+      const T* uc = u + c * nf;
+      const int32_t* ie = idx + base;
+      for (int t = lt; t < n3; t += n2) {
+        const uint32_t g = active ? uint32_t(ie[t]) : uint32_t(nf);
+        U[t] = g < nf ? uc[g] : T(0);
+      }
+    } else {
+      const T* uc = u + c * stride + base;
+      for (int t = lt; t < n3; t += n2) U[t] = active ? uc[t] : T(0);
+    }
     __syncthreads();
     T ru[N], rw[N];
 #pragma unroll
@@ -331,9 +344,19 @@ bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* 
       collocated_stage<N, T, OPT>(U, ru, sD, sDt, static_cast<const T*>(sD), G + base + j * N + i, stride,
                                     active, i, j, GR, GS, rw);
     if (active) {
-      T* wc = w + c * stride + base + j * N + i;
+      if constexpr (ASM) {
+        T* wc = w + c * nf;
+        const int32_t* ie = idx + base + j * N + i;
 #pragma unroll
-      for (int k = 0; k < N; ++k) wc[k * n2] = rw[k];
+        for (int k = 0; k < N; ++k) {
+          const uint32_t g = uint32_t(ie[k * n2]);
+          if (g < nf) atomicAdd(wc + g, rw[k]);
+        }
+      } else {
+        T* wc = w + c * stride + base + j * N + i;
+#pragma unroll
+        for (int k = 0; k < N; ++k) wc[k * n2] = rw[k];
+      }
     }
   }
 }
@@ -813,7 +836,7 @@ bool launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
     auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, nullptr, 0);
   };
   auto lines = [&](auto minb) {  // collocated stage by lines (bk5_lines_kernel)
     copy_ops(D, N * N, ops_offset(N), L.stream);
@@ -833,6 +856,30 @@ bool launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T
     case 7: element(Int<2>{}, Int<OPT_CONST>{}); return true;
     case 8: lines(Int<0>{}); return true;
     case 10: lines(Int<2>{}); return true;
+    default: return false;
+  }
+}
+
+// BK5/BK6 in assembled storage (bk5_element_kernel with ASM): u, w (C, nf), idx (E, n³); w is
+// zeroed here, then the element variants add into it.
+template <int N, typename T>
+bool launch_bk5a(const Launch<T>& L, int variant, int64_t nf, const T* u, const int32_t* idx,
+                          const T* D, const T* G, T* w) {
+  constexpr int EB = elements_per_block<N>();
+  dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
+  if (cudaMemsetAsync(w, 0, sizeof(T) * size_t(L.C) * size_t(nf), L.stream) != cudaSuccess) return true;
+  auto element = [&](auto minb, auto opt) {
+    if constexpr ((decltype(opt)::value & OPT_CONST) != 0) copy_ops(D, N * N, ops_offset(N), L.stream);
+    const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
+    auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value, true>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, idx, nf);
+  };
+  switch (variant) {
+    case 2: element(Int<0>{}, Int<0>{}); return true;
+    case 5: element(Int<2>{}, Int<OPT_ALL>{}); return true;
+    case 6: element(Int<0>{}, Int<OPT_CONST>{}); return true;
+    case 7: element(Int<2>{}, Int<OPT_CONST>{}); return true;
     default: return false;
   }
 }
@@ -931,6 +978,20 @@ ffi::Error bk5_typed(cudaStream_t st, int variant, const Shape& s, const ffi::An
 }
 
 template <typename T>
+ffi::Error bk5_assembled_typed(cudaStream_t st, int variant, int64_t C, int64_t nf, int64_t E,
+                               const ffi::AnyBuffer& u, const ffi::AnyBuffer& idx, const ffi::AnyBuffer& D,
+                               const ffi::AnyBuffer& G, ffi::Result<ffi::AnyBuffer>& w) {
+  Launch<T> L{st, E, int(C), (variant & PREFETCH_L2) != 0};
+  variant &= ~PREFETCH_L2;
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pi = static_cast<const int32_t*>(idx.untyped_data());
+  auto pD = static_cast<const T*>(D.untyped_data());
+  auto pG = static_cast<const T*>(G.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+  return finish(launch_bk5a<JAXSEM_N, T>(L, variant, nf, pu, pi, pD, pG, pw));
+}
+
+template <typename T>
 ffi::Error mass_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& J,
                       const ffi::AnyBuffer& B, ffi::Result<ffi::AnyBuffer>& w) {
   Launch<T> L{st, s.E, int(s.C), (variant & PREFETCH_L2) != 0};
@@ -980,6 +1041,23 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
   return bk5_typed<JAXSEM_REAL>(st, variant, s, u, D, G, w);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_BK5A)
+// u, w: (C, nf) assembled vectors; idx: (E, n, n, n) int32 global node per local node (outside
+// [0, nf): a Dirichlet node).
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer idx, ffi::AnyBuffer D,
+                       ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
+  auto d = u.dimensions();
+  auto di = idx.dimensions();
+  if (d.size() != 2) return ffi::Error::InvalidArgument("jaxsem bk5a: u must be (C, nf)");
+  if (u.element_type() != real_type())
+    return ffi::Error::InvalidArgument("jaxsem bk5a: this library was built for another dtype");
+  if (idx.element_type() != ffi::DataType::S32 || di.size() != 4 || di[3] != JAXSEM_N)
+    return ffi::Error::InvalidArgument("jaxsem bk5a: idx must be (E, n, n, n) int32 with this library's n");
+  const int64_t C = d[0], nf = d[1], E = di[0];
+  if (C == 0 || nf == 0) return ffi::Error::Success();
+  return bk5_assembled_typed<JAXSEM_REAL>(st, variant, C, nf, E, u, idx, D, G, w);
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MASS)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1058,13 +1136,13 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
+#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_BK5A, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
 #endif
 
 }  // namespace
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
 // -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
