@@ -101,10 +101,10 @@ def half_peak(ns, rates):
     return None
 
 
-def time_size(order, E, steps, repeats, flux, form, dtype, dt):
+def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend="auto"):
     ne = element_grid(E)
     mesh = box_mesh(ne, order, lengths=tuple(float(v) for v in ne), periodic=(True, True, True))
-    dg = discretize_dg(mesh, dtype=dtype)
+    dg = discretize_dg(mesh, dtype=dtype, backend=backend)
     mat = mx.material(dg)
     q0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
     advance = ts.advance_fn(mx.make_rhs(flux, "pec", None, form), "lserk4")
@@ -120,6 +120,7 @@ def time_size(order, E, steps, repeats, flux, form, dtype, dt):
         times.append(time.perf_counter() - tic)
     finite = bool(jnp.all(jnp.isfinite(y)))
     return dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
+                backend=dg.backend.name, fused_rhs=dg.backend.name == "cuda" and form == "chain",
                 seconds_per_step=statistics.median(times) / steps, compile_seconds=compile_s, finite=finite)
 
 
@@ -136,7 +137,7 @@ def run(args):
     out = dict(experiment="maxwell_throughput", reproduces="Otten et al. 2016, Fig. 7 (and 5a/6a)",
                device=info["device_kind"], device_info=info, jax_version=jax.__version__,
                jaxsem_version=jaxsem.__version__, command="python " + " ".join(sys.argv),
-               bandwidth_bytes_per_second=bw, flux=args.flux, form=args.form, dtype=args.dtype,
+               bandwidth_bytes_per_second=bw, flux=args.flux, form=args.form, dtype=args.dtype, backend=args.backend,
                steps=args.steps, repeats=args.repeats, method="lserk4",
                work_model="[180(N+1)+420]*n flops per step, n = E(N+1)^3", orders={})
     for N in args.orders:
@@ -147,7 +148,7 @@ def run(args):
         E = 1
         while E * (N + 1) ** 3 <= args.max_points:
             if E * (N + 1) ** 3 >= args.min_points:
-                r = time_size(N, E, args.steps, args.repeats, args.flux, args.form, dtype, dt)
+                r = time_size(N, E, args.steps, args.repeats, args.flux, args.form, dtype, dt, args.backend)
                 flops = mx.flops_per_step(N, E)
                 b = bytes_per_step(N, E, args.form, word=dtype.itemsize)
                 r.update(gflops=flops / r["seconds_per_step"] / 1e9, flops_per_step=flops,
@@ -223,6 +224,8 @@ def main(argv=None):
     p.add_argument("--flux", choices=mx.FLUXES, default="upwind")
     p.add_argument("--form", choices=mx.FORMS, default="chain", help="volume curl form (default chain, NekCEM's)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--backend", choices=("auto", "einsum", "cuda"), default="auto",
+                   help="DG kernels (auto: the fused CUDA right-hand side on a GPU for the chain form)")
     p.add_argument("--bandwidth", default="measure", metavar="GBPS",
                    help="memory bandwidth in GB/s for the ceiling, or 'measure' (default)")
     p.add_argument("--out", default="maxwell_throughput.json",

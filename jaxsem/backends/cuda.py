@@ -67,14 +67,15 @@ from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
-           "stiffness_gll_assembled_cuda", "mass_cuda",
+           "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "mass_cuda",
            "stiffness_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
            "DEFAULT", "PREFETCH_L2"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
-# BK5/BK6 (GLL, collocated), the same on assembled vectors, BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
-OPS = ("bk5", "bk5a", "mass", "stiffness")
+# BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell right-hand side,
+# BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
+OPS = ("bk5", "bk5a", "maxwell", "mass", "stiffness")
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness):
@@ -93,7 +94,7 @@ OPS = ("bk5", "bk5a", "mass", "stiffness")
 #   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
 # input through the node map and adding its output into the global vector with atomics.
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "mass": (8, 9, 10),
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2,), "mass": (8, 9, 10),
             "stiffness": (2, 3, 8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
@@ -430,6 +431,30 @@ def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
     if h1 is not None:
         G = G * h1
     return _apply_assembled(x, idx, D.astype(x.dtype), G.astype(x.dtype), attr)
+
+
+def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):
+    """The SEDG Maxwell right-hand side (chain-rule curl) in one launch; no derivative rule.
+
+    ``q: (6, E, n, n, n)`` [Ex Ey Ez Hx Hy Hz], ``D: (n, n)``, ``rx: (3, 3, E, n, n, n)``,
+    ``eps, mu: (E, n, n, n)``, ``normal: (3, E, 6, n, n)``, ``cE, aE, cH, aH: (E, 6, n, n)`` (the
+    flux coefficients of :class:`jaxsem.models.maxwell.Material`), ``nbr: (E, 6, n, n)`` int32
+    volume index of each face point's neighbour node (-1: boundary, mirror state). Returns
+    dq/dt ``(6, E, n, n, n)``; :func:`jaxsem.models.maxwell.rhs` supplies the tangent.
+    """
+    n = q.shape[-1]
+    if q.ndim != 5 or q.shape[0] != 6 or q.dtype not in (jnp.float32, jnp.float64) or not 2 <= n <= MAX_N:
+        raise ValueError(f"maxwell_rhs_cuda: q must be (6, E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
+                         f"got {q.shape} {q.dtype}")
+    if nbr.dtype != jnp.int32 or nbr.shape != (q.shape[1], 6, n, n):
+        raise ValueError(f"maxwell_rhs_cuda: nbr must be (E, 6, n, n) int32, got {nbr.shape} {nbr.dtype}")
+    if not cuda_available():
+        raise ValueError("maxwell_rhs_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
+    attr = _attr("maxwell", jax.ShapeDtypeStruct(q.shape[1:], q.dtype))
+    call = jax.ffi.ffi_call(_ffi_target("maxwell", q.dtype, n), jax.ShapeDtypeStruct(q.shape, q.dtype),
+                            vmap_method="sequential")
+    args = [a.astype(q.dtype) for a in (D, rx, eps, mu, normal, cE, aE, cH, aH)]
+    return call(q, *args, nbr, variant=np.int32(attr), upwind=np.int32(bool(upwind)), pmc=np.int32(bool(pmc)))
 
 
 def mass_cuda(u, J, B, h2=None):

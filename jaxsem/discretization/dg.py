@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..backends import Backend, resolve as resolve_backend
 from ..core import basis
 from ..parallel.comm import Comm
 from . import shard
@@ -228,6 +229,11 @@ class DG(Discretization):
         values arrive as ``received[halo_map]``.
       num_global_elements: elements of the whole mesh (static; 0: same as E).
       comm: the transport (static, :class:`jaxsem.parallel.comm.Transport`).
+      backend: static :class:`jaxsem.backends.Backend` chosen by :func:`discretize_dg`; with
+        ``"cuda"`` the Maxwell right-hand side (chain-rule curl) runs as one fused kernel.
+      nbr: ``(E, 6, n, n)`` int32 (one device only, else ``None``): the volume index
+        ``e'·n³ + node`` of the neighbour's node coinciding with each face point (−1 on the
+        boundary), through which a fused kernel reads neighbour values without an exchange.
 
     Distributed, ``boundary`` marks physical boundary faces only (faces shared
     with another rank or device are exchanged, not mirrored), and global
@@ -250,6 +256,8 @@ class DG(Discretization):
     halo_map: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
     num_global_elements: int = dataclasses.field(default=0, metadata=dict(static=True))
     comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
+    backend: Backend = dataclasses.field(default=Backend(), metadata=dict(static=True))
+    nbr: jax.Array | None = None
 
     @property
     def weight(self):
@@ -268,6 +276,7 @@ def discretize_dg(
     comm: Comm | None = None,
     partition: np.ndarray | None = None,
     devices=None,
+    backend: str | Backend = "auto",
 ) -> DG:
     """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
 
@@ -279,7 +288,9 @@ def discretize_dg(
     additive gather–scatter over the global face-point ids with one packed
     message per neighbour rank (:func:`jaxsem.gather_scatter.make_gs_distributed`).
     ``devices``: several devices (as :func:`jaxsem.discretize`): global arrays split
-    over them along the element axis, JAX's own transport.
+    over them along the element axis, JAX's own transport. ``backend``: ``"auto"`` (the fused
+    CUDA kernel where it runs, on one device), ``"einsum"`` or ``"cuda"`` (see
+    :mod:`jaxsem.backends`); resolved here, once.
 
     Raises ``ValueError`` for an inverted element (from
     :func:`jaxsem.geometry.geometric_factors`), a bad dtype or a bad partition.
@@ -294,7 +305,8 @@ def discretize_dg(
         if comm is not None:
             raise ValueError("give comm (MPI, one process per device) or devices (sharded), not both")
         return shard.distribute(
-            lambda c, part: discretize_dg(mesh, dtype, numbering, conn, c, part), mesh, devices, partition,
+            lambda c, part: discretize_dg(mesh, dtype, numbering, conn, c, part, backend=backend), mesh, devices,
+            partition,
             pad_extra=_pad_halo)
     comm = Comm() if comm is None else comm
     if not isinstance(comm, Comm):
@@ -302,6 +314,8 @@ def discretize_dg(
                         "(for several devices use devices=)")
     N = mesh.order
     Eg = mesh.num_elements
+    kernels = resolve_backend(backend, N, N + 1, dtype)
+    nbr = None
     if comm.size > 1:
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (Eg,) or part.min() < 0 or part.max() >= comm.size:
@@ -311,6 +325,7 @@ def discretize_dg(
     else:
         fgs, elements = make_gs(conn.fid, conn.num_ids, dtype=dtype), np.arange(Eg)
         halo = halo_map = None
+        nbr = jnp.asarray(_neighbor_nodes(conn.partner, N))
     x = np.asarray(mesh.x)[:, elements]
     geom = geometric_factors(jnp.asarray(x, jnp.float64), quadrature(N, "gll"))
     normal, sJ, lift = _face_geometry(geom.rx, geom.jac, N)
@@ -323,7 +338,25 @@ def discretize_dg(
         elements=jnp.asarray(elements, jnp.int32), num_global_elements=Eg, comm=comm,
         halo=None if halo is None else jnp.asarray(halo, jnp.int32),
         halo_map=None if halo_map is None else jnp.asarray(halo_map, jnp.int32),
+        backend=kernels, nbr=nbr,
     )
+
+
+def _neighbor_nodes(partner: np.ndarray, N: int) -> np.ndarray:
+    """``(E, 6, n, n)`` int32 volume index ``e'·n³ + (k·n + j)·n + i`` of the node behind each
+    face point's partner (``partner``: flat face-point index, −1 on the boundary)."""
+    n = N + 1
+    if partner.size and int(partner.max()) // (6 * n * n) * n**3 + n**3 >= 2**31:
+        raise ValueError("the fused DG kernels need fewer than 2**31 volume nodes")
+    p = np.maximum(partner.astype(np.int64), 0)
+    e, f, v, u = p // (6 * n * n), (p // (n * n)) % 6, (p // n) % n, p % n
+    end = np.where(f % 2 == 0, 0, N)
+    axis = f // 2
+    k = np.where(axis == 2, end, v)
+    j = np.where(axis == 0, u, np.where(axis == 1, end, v))
+    i = np.where(axis == 0, end, u)
+    vol = e * n**3 + (k * n + j) * n + i
+    return np.where(partner >= 0, vol, -1).astype(np.int32)
 
 
 def _pad_halo(parts, padded, sizes: dict):

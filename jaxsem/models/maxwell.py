@@ -201,11 +201,36 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
 
     ``form``: the volume curl, ``"split"`` (energy-stable on curved elements,
     default) or ``"chain"`` (NekCEM's chain rule; identical on affine meshes,
-    half the derivatives), see :func:`_curls`.
+    half the derivatives), see :func:`_curls`. The chain form on one device with
+    ``dg.backend`` CUDA runs as one fused kernel (curls, fluxes with the neighbours'
+    values read in place, lift; :func:`jaxsem.backends.cuda.maxwell_rhs_cuda`) whose
+    derivatives are those of the einsum form.
     """
     check_choice(flux, "flux", FLUXES)
     check_choice(bc, "bc", BCS)
     check_choice(form, "form", FORMS)
+    if form == "chain" and exchange is None and dg.nbr is not None and dg.backend.name == "cuda":
+        return _fused_rhs(dg, mat, q, flux, bc)
+    return _rhs(dg, mat, q, flux, bc, exchange, form)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _fused_rhs(dg: DG, mat: Material, q, flux, bc):
+    """:func:`rhs` (chain form, one device) as one CUDA kernel; its tangent is the einsum form's."""
+    from ..backends import cuda
+
+    return cuda.maxwell_rhs_cuda(q, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE, mat.cH, mat.aH,
+                                 dg.nbr, flux == "upwind", bc == "pmc")
+
+
+@_fused_rhs.defjvp
+def _fused_rhs_jvp(flux, bc, primals, tangents):
+    _, dw = jax.jvp(lambda dg, mat, q: _rhs(dg, mat, q, flux, bc, None, "chain"), primals, tangents)
+    return _fused_rhs(*primals, flux, bc), dw
+
+
+def _rhs(dg: DG, mat: Material, q, flux, bc, exchange, form):
+    """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
     ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     curlE, curlH = _curls(dg, q, form)
 

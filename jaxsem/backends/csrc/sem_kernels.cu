@@ -15,7 +15,7 @@
 //   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
 //                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
 // Built by jaxsem/backends/cuda.py (nvcc, the device's own architecture) on first use, one
-// library per operator, dtype and order: -DJAXSEM_OP_BK5|BK5A|MASS|STIFFNESS|GS,
+// library per operator, dtype and order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MASS|STIFFNESS|GS,
 // -DJAXSEM_REAL=double|float and -DJAXSEM_N=n (not for GS) select what is instantiated.
 
 #include <cstdint>
@@ -139,7 +139,7 @@ extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 // order) before each launch.
 // BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
 __host__ __device__ constexpr int ops_words(int n) {
-#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A)
+#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A) || defined(JAXSEM_OP_MAXWELL)
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
@@ -804,6 +804,147 @@ bk5_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, c
   }
 }
 
+// ------------------------------------------------------------------------- Maxwell (DG)
+// The right-hand side of the SEDG Maxwell system (jaxsem/models/maxwell.py, rhs with
+// form="chain") in one pass: the chain-rule curls Σ_a ∇r_a × ∂_a F of E and H, the face
+// fluxes with the neighbour's values read straight from q through nbr (no face arrays, no
+// exchange), the lift, and the division by ε, μ:
+//   ε dE/dt = ∇×H + Σ_faces [cE n×ΔH − aE n×(n×ΔE)],  μ dH/dt = −∇×E + Σ_faces [−cH n×ΔE − aH n×(n×ΔH)]
+// (the a-terms only with the upwind flux), ΔF = F⁺ − F⁻, F⁺ the mirror state on the boundary
+// (PEC: E⁺ = −E⁻, H⁺ = H⁻; PMC the other way round). Arrays: q, w (6, E, n³) [Ex Ey Ez Hx Hy Hz];
+// rx (3, 3, E, n³) = ∂r_a/∂x_d; eps, mu (E, n³); normal (3, E, 6, n²); cE, aE, cH, aH (E, 6, n²);
+// nbr (E, 6, n²) int32, the volume index e'·n³ + node of the neighbour's coinciding node (-1 on
+// the boundary). Faces [v, u]: 0/1 (i = 0/N) [k, j], 2/3 (j = 0/N) [k, i], 4/5 (k = 0/N) [j, i].
+// One element per N×N thread layer, the six fields in shared memory, thread (i, j) walks its
+// column k.
+struct MaxwellArgs {
+  const JAXSEM_REAL *q, *D, *rx, *eps, *mu, *normal, *cE, *aE, *cH, *aH;
+  const int32_t* nbr;
+  JAXSEM_REAL* w;
+  int64_t E;
+  bool upwind, pmc;
+};
+
+template <int N, typename T>
+__device__ __forceinline__ void cross_add(T s, const T (&a)[3], const T (&b)[3], T (&out)[3]) {
+  out[0] += s * (a[1] * b[2] - a[2] * b[1]);
+  out[1] += s * (a[2] * b[0] - a[0] * b[2]);
+  out[2] += s * (a[0] * b[1] - a[1] * b[0]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void maxwell_face(const MaxwellArgs& A, const T* U, int64_t e, int f, int v, int u,
+                                             int node, T (&sE)[3], T (&sH)[3]) {
+  constexpr int n2 = N * N, n3 = N * N * N;
+  const int64_t fp = (e * 6 + f) * n2 + v * N + u, fstride = A.E * 6 * n2;
+  const int64_t stride = A.E * n3;
+  const int32_t nb = A.nbr[fp];
+  T dE[3], dH[3];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    const T oE = U[c * n3 + node], oH = U[(c + 3) * n3 + node];
+    T pE, pH;
+    if (nb >= 0) {
+      pE = A.q[c * stride + nb];
+      pH = A.q[(c + 3) * stride + nb];
+    } else {
+      pE = A.pmc ? oE : -oE;
+      pH = A.pmc ? -oH : oH;
+    }
+    dE[c] = pE - oE;
+    dH[c] = pH - oH;
+  }
+  const T nv[3] = {A.normal[fp], A.normal[fstride + fp], A.normal[2 * fstride + fp]};
+  T nxdE[3] = {0, 0, 0}, nxdH[3] = {0, 0, 0};
+  cross_add<N, T>(T(1), nv, dE, nxdE);
+  cross_add<N, T>(T(1), nv, dH, nxdH);
+  const T cE = A.cE[fp], cH = A.cH[fp];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    sE[c] += cE * nxdH[c];
+    sH[c] -= cH * nxdE[c];
+  }
+  if (A.upwind) {
+    cross_add<N, T>(-A.aE[fp], nv, nxdE, sE);
+    cross_add<N, T>(-A.aH[fp], nv, nxdH, sH);
+  }
+}
+
+template <int N, typename T>
+__global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kernel(MaxwellArgs A) {
+  constexpr int EB = elements_per_block<N>();
+  constexpr int n2 = N * N, n3 = N * N * N;
+  T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
+  const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z;
+  T* U = sD + n2 + z * 6 * n3;
+  const int lt = i + N * j;
+  for (int t = lt + n2 * z; t < n2; t += n2 * EB) sD[t] = A.D[t];
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < A.E;
+  const int64_t stride = A.E * n3;
+  const int64_t base = (active ? e : 0) * n3;
+#pragma unroll
+  for (int c = 0; c < 6; ++c)
+    for (int t = lt; t < n3; t += n2) U[c * n3 + t] = active ? A.q[c * stride + base + t] : T(0);
+  __syncthreads();
+  if (!active) return;
+  for (int k = 0; k < N; ++k) {
+    const int node = (k * N + j) * N + i;
+    T curl[6] = {0, 0, 0, 0, 0, 0};  // ∇×E, ∇×H
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      T d[6] = {0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int m = 0; m < N; ++m) {
+        const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
+        const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
+#pragma unroll
+        for (int c = 0; c < 6; ++c) d[c] += Dm * U[c * n3 + at];
+      }
+      const T r[3] = {A.rx[(a * 3 + 0) * stride + base + node], A.rx[(a * 3 + 1) * stride + base + node],
+                      A.rx[(a * 3 + 2) * stride + base + node]};
+      const T dE[3] = {d[0], d[1], d[2]}, dH[3] = {d[3], d[4], d[5]};
+      T cEv[3] = {curl[0], curl[1], curl[2]}, cHv[3] = {curl[3], curl[4], curl[5]};
+      cross_add<N, T>(T(1), r, dE, cEv);
+      cross_add<N, T>(T(1), r, dH, cHv);
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
+        curl[c] = cEv[c];
+        curl[c + 3] = cHv[c];
+      }
+    }
+    T sE[3] = {0, 0, 0}, sH[3] = {0, 0, 0};
+    if (i == 0) maxwell_face<N, T>(A, U, e, 0, k, j, node, sE, sH);
+    if (i == N - 1) maxwell_face<N, T>(A, U, e, 1, k, j, node, sE, sH);
+    if (j == 0) maxwell_face<N, T>(A, U, e, 2, k, i, node, sE, sH);
+    if (j == N - 1) maxwell_face<N, T>(A, U, e, 3, k, i, node, sE, sH);
+    if (k == 0) maxwell_face<N, T>(A, U, e, 4, j, i, node, sE, sH);
+    if (k == N - 1) maxwell_face<N, T>(A, U, e, 5, j, i, node, sE, sH);
+    const T ie = T(1) / A.eps[base + node], im = T(1) / A.mu[base + node];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      A.w[c * stride + base + node] = (curl[c + 3] + sE[c]) * ie;
+      A.w[(c + 3) * stride + base + node] = (sH[c] - curl[c]) * im;
+    }
+  }
+}
+
+template <int N, typename T>
+bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A) {
+  constexpr int EB = elements_per_block<N>();
+  dim3 block(N, N, EB), grid(unsigned((A.E + EB - 1) / EB));
+  const size_t smem = sizeof(T) * (N * N + EB * 6 * N * N * N);
+  switch (variant) {
+    case 2: {
+      auto kernel = maxwell_kernel<N, T>;
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, st>>>(A);
+      return true;
+    }
+    default: return false;
+  }
+}
+
 // ------------------------------------------------------------------------- dispatch
 template <typename T>
 struct Launch {
@@ -1058,6 +1199,29 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
   return bk5_assembled_typed<JAXSEM_REAL>(st, variant, C, nf, E, u, idx, D, G, w);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_MAXWELL)
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t pmc, ffi::AnyBuffer q,
+                       ffi::AnyBuffer D, ffi::AnyBuffer rx, ffi::AnyBuffer eps, ffi::AnyBuffer mu,
+                       ffi::AnyBuffer normal, ffi::AnyBuffer cE, ffi::AnyBuffer aE, ffi::AnyBuffer cH,
+                       ffi::AnyBuffer aH, ffi::AnyBuffer nbr, ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = check(q, s); err.failure()) return err;
+  if (s.C != 6) return ffi::Error::InvalidArgument("jaxsem maxwell: q must be (6, E, n, n, n)");
+  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
+    return ffi::Error::InvalidArgument("jaxsem maxwell: nbr must be (E, 6, n, n) int32");
+  if (s.E == 0) return ffi::Error::Success();
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  MaxwellArgs A{P(q), P(D), P(rx), P(eps), P(mu), P(normal), P(cE), P(aE), P(cH), P(aH),
+                static_cast<const int32_t*>(nbr.untyped_data()), static_cast<T*>(w->untyped_data()), s.E,
+                upwind != 0, pmc != 0};
+  return finish(launch_maxwell<JAXSEM_N, T>(st, variant & ~PREFETCH_L2, A));
+}
+#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("pmc")
+#define JAXSEM_ARGS                                                                                     \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MASS)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1136,18 +1300,22 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_BK5A, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
+#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_BK5A, JAXSEM_OP_MAXWELL, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
 #endif
 
 }  // namespace
 
+#ifndef JAXSEM_ATTRS
+#define JAXSEM_ATTRS
+#endif
+
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
 // -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Attr<int32_t>("variant") JAXSEM_ARGS
+                                  .Attr<int32_t>("variant") JAXSEM_ATTRS JAXSEM_ARGS
                                   .Ret<ffi::AnyBuffer>(),
                               // kernel launches only: XLA may record it in a CUDA graph
                               // (the PCG loop body stays one command buffer)
