@@ -146,3 +146,23 @@ def test_bad_inputs():
 def test_float32_plan():
     d = dg.discretize_dg(box_mesh((2, 1, 1), 3), dtype=jnp.float32)
     assert d.normal.dtype == jnp.float32 and d.lift.dtype == jnp.float32 and d.fgs.mult.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("rotated", [True, False])
+def test_neighbor_node_map_reads_the_partner(rotated):
+    """dg.nbr (what the fused kernels read neighbours through): the volume node behind each face
+    point holds the partner face point's value, for any field; -1 exactly on boundary faces.
+    Rotated elements (every face orientation), or a periodic axis."""
+    mesh = box_mesh((3, 2, 2), 3, deform=0.15, periodic=(False, False, False) if rotated else (True, False, True))
+    mesh = rotate_elements(mesh, seed=2) if rotated else mesh
+    d = dg.discretize_dg(mesh)
+    conn = dg.face_connectivity(mesh)
+    nbr = np.asarray(d.nbr).ravel()
+    p = conn.partner.ravel()
+    np.testing.assert_array_equal(nbr < 0, p < 0)
+    u = np.random.default_rng(1).standard_normal((2,) + d.jac.shape)  # two fields
+    uf = _flat_faces(u)
+    has = p >= 0
+    np.testing.assert_array_equal(u.reshape(2, -1)[:, nbr[has]], uf[:, p[has]])
+    sharded = dg.discretize_dg(mesh, comm=dg.Comm(size=2, rank=0))
+    assert sharded.nbr is None  # a rank's part reads neighbours through its exchange
