@@ -13,14 +13,18 @@ Three measurements, each compiled first and timed after a warm-up (median of
    ``value_and_grad`` of the final electric energy w.r.t. a per-element ε
    ``(E,)``, with a plain ``lax.scan`` (every step's residuals stored) and with
    ``Checkpointing("sqrt")`` (chunks recomputed: one more forward pass).
-   Reverse mode of a linear-in-q step costs ~2–3 forward steps. Each program's
-   memory plan is printed first; one that would not fit in 90 % of the
-   device memory is reported as skipped (loudly) instead of run.
+   The reverse pass is integrate's (recorded as ``reverse_pass``: whether
+   ``f`` runs under ``jax.checkpoint``, i.e. is recomputed from the kept stage
+   inputs). ``--backend`` picks the DG backend (``auto``: the fused CUDA
+   right-hand side on a GPU; its derivatives are the einsum form's). Each
+   program's memory plan is printed first; one that would not fit in 90 % of
+   the device memory is reported as skipped (loudly) instead of run.
 3. **Memory vs steps**: XLA's compiled memory plan of the RK gradient
    (``jax.jit(...).lower(...).compile().memory_analysis()``: temporaries
    ``temp_size_in_bytes``, plus arguments and outputs) for ``--memory-steps``
    with ``Checkpointing()`` (∝ steps) and ``Checkpointing("sqrt")`` (∝ √steps), and of
-   the forward loop; compiled only, never run.
+   the forward loop; compiled only, never run. ``plain_states_per_step``: the
+   plain gradient's growth between the last two step counts, in states.
 
 Output: one JSON (``--out PREFIX`` → ``PREFIX.json``, rewritten after every
 measurement so that a crash keeps what was done) and, with ``--plot``,
@@ -131,7 +135,7 @@ def pcg_cost(args) -> dict:
 
 def maxwell_setup(args):
     mesh = box_mesh((args.maxwell_elements,) * 3, args.maxwell_order)
-    dg = discretize_dg(mesh)
+    dg = discretize_dg(mesh, backend=args.backend)
     q0 = mx.cavity_mode(dg.x, 0.0)
     eps = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, dg.num_elements))
     dt = 0.5 * mx.stable_dt(dg, mx.material(dg), form=args.form)
@@ -156,12 +160,17 @@ def device_bytes_limit():
 
 def rk_cost(args) -> dict:
     dg, q0, eps, dt, final, loss = maxwell_setup(args)
+    # integrate's reverse pass: f under jax.checkpoint (remat) in the step loop, or not
+    recompute = "remat" in str(jax.make_jaxpr(lambda eps, q0: final(eps, q0, 2, None))(eps, q0))
+    reverse_pass = ("stage inputs kept, f recomputed (jax.checkpoint)" if recompute
+                    else "JAX autodiff of the step (every residual of f kept)")
     note(f"RK: Maxwell, {dg.num_elements} elements of order {args.maxwell_order}, {6 * dg.jac.size} values, "
-         f"{args.steps} LSERK4 steps of {dt:.4g}, form {args.form}")
+         f"{args.steps} LSERK4 steps of {dt:.4g}, form {args.form}, backend {dg.backend.name}; "
+         f"reverse pass: {reverse_pass}")
     limit = device_bytes_limit()
     out = dict(elements=args.maxwell_elements, order=args.maxwell_order, num_elements=dg.num_elements,
-               values=6 * int(dg.jac.size), steps=args.steps, dt=dt, form=args.form,
-               gradient_wrt="eps per element (E,)", device_bytes_limit=limit)
+               values=6 * int(dg.jac.size), steps=args.steps, dt=dt, form=args.form, backend=dg.backend.name,
+               reverse_pass=reverse_pass, gradient_wrt="eps per element (E,)", device_bytes_limit=limit)
     programs = [("forward", lambda eps, q0: final(eps, q0, args.steps, None))]
     programs += [(f"gradient_{name}", jax.value_and_grad(lambda eps, q0, every=every: loss(eps, q0, args.steps, every)))
                  for name, every in (("plain", None), ("sqrt", "sqrt"))]
@@ -203,15 +212,19 @@ def memory_vs_steps(args) -> dict:
              f"{row['sqrt']['temp_size_in_bytes'] / state_bytes:.1f} states; "
              f"compiled in {time.perf_counter() - tic:.1f} s)")
         rows.append(row)
-    fit = {}
+    fit, per_step = {}, None
     s = np.log(np.array(args.memory_steps, float))
     if len(rows) >= 2:
         for name in ("plain", "sqrt"):
             m = np.log(np.array([r[name]["temp_size_in_bytes"] for r in rows], float))
             fit[name] = float(np.polyfit(s[-2:], m[-2:], 1)[0])  # slope of the last two points
-        note(f"memory growth exponent (last two sizes): plain {fit['plain']:.2f}, sqrt {fit['sqrt']:.2f}")
-    return dict(elements=args.maxwell_elements, order=args.maxwell_order, state_bytes=state_bytes, rows=rows,
-                growth_exponent_last_two=fit)
+        (a, b) = rows[-2:]
+        per_step = (b["plain"]["temp_size_in_bytes"] - a["plain"]["temp_size_in_bytes"]) / (
+            (b["steps"] - a["steps"]) * state_bytes)
+        note(f"memory growth exponent (last two sizes): plain {fit['plain']:.2f}, sqrt {fit['sqrt']:.2f}; "
+             f"plain: {per_step:.2f} states per step")
+    return dict(elements=args.maxwell_elements, order=args.maxwell_order, backend=args.backend,
+                state_bytes=state_bytes, rows=rows, growth_exponent_last_two=fit, plain_states_per_step=per_step)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -251,7 +264,8 @@ def plot(result, path):
     ax[1].bar(labels, values, color=["C0", "C1", "C2"][: len(values)])
     for i, v in enumerate(values):
         ax[1].text(i, v, f"{v:.2f}", ha="center", va="bottom")
-    ax[1].set(title=f"time(value_and_grad) / time(forward) on {result['device']}", ylabel="ratio")
+    backend = f", RK backend {result['rk']['backend']}" if "rk" in result else ""
+    ax[1].set(title=f"time(value_and_grad) / time(forward) on {result['device']}{backend}", ylabel="ratio")
     plt.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -267,6 +281,8 @@ def parse(argv=None):
     p.add_argument("--maxwell-order", type=int, default=3, help="RK: order (default 3)")
     p.add_argument("--form", choices=("split", "chain"), default="chain",
                    help="Maxwell volume curl (affine mesh: the same operator; default chain)")
+    p.add_argument("--backend", choices=("auto", "einsum", "cuda"), default="auto",
+                   help="DG backend of the Maxwell runs (default auto: the fused CUDA kernel on a GPU)")
     p.add_argument("--steps", type=int, default=20, help="RK: time steps of the timed runs (default 20)")
     p.add_argument("--memory-steps", type=int, nargs="+", default=[16, 128],
                    help="RK: step counts of the memory plan (default 16 128)")
@@ -316,6 +332,8 @@ def main(argv=None):
         note(f"wrote {args.out}.png")
     summary = dict(pcg_ratio=result.get("pcg", {}).get("ratio"), rk_ratio_plain=result.get("rk", {}).get("ratio_plain"),
                    rk_ratio_sqrt=result.get("rk", {}).get("ratio_sqrt"),
+                   rk_reverse_pass=result.get("rk", {}).get("reverse_pass"),
+                   plain_states_per_step=result.get("memory", {}).get("plain_states_per_step"),
                    memory_growth_exponent=result.get("memory", {}).get("growth_exponent_last_two"),
                    seconds=time.perf_counter() - tic)
     print(json.dumps(summary, indent=1))

@@ -16,7 +16,9 @@ Two entry points:
   number of steps, optional per-step observations, and a reverse-mode memory
   schedule (:class:`Checkpointing`; ``Checkpointing("sqrt")``: memory ~ √steps
   for ``jax.grad`` through long runs, by ``jax.checkpoint`` or, where steps send
-  MPI messages, by an equivalent ``jax.custom_vjp``).
+  MPI messages, by an equivalent ``jax.custom_vjp``). Reverse mode keeps the
+  input of every stage and recomputes ``f``'s internals from it (each ``f``
+  evaluation under ``jax.checkpoint``), exact for any ``f``.
 * :func:`run` — the host-side driver (:class:`RunOptions`): chunks of steps
   under ``jit``, a tqdm progress bar on stderr, NaN/Inf detection that names
   the step where the blow-up appeared (:class:`NonFiniteError`), refusal of a
@@ -222,10 +224,17 @@ class Checkpointing:
           ``num_steps % c`` remaining steps run plain after them). Reverse
           mode stores one state per chunk and, chunk by chunk from the last,
           recomputes the chunk's steps and their residuals: memory
-          ``num_steps / c`` states + ``c`` steps' residuals (r states each:
-          ~20 for Maxwell with LSERK4), for one extra forward pass of compute.
+          ``num_steps / c`` states + ``c`` steps' residuals, for one extra
+          forward pass of compute.
         * ``"sqrt"``: ``c = ⌈√num_steps⌉`` (:meth:`chunk`): memory
           ∝ (1 + r)·√num_steps instead of r·num_steps.
+
+        A step's residuals (r states) are the inputs of its stages, from
+        which the reverse pass recomputes ``f``'s internals (``f`` runs
+        under ``jax.checkpoint``): r = stages (5 for LSERK4), plus the
+        stage values of ``f`` when ``dt`` is traced. A step that sends
+        MPI messages (ordered effects, which ``jax.checkpoint`` cannot
+        partially evaluate) keeps all of ``f``'s residuals instead.
       remat: how the chunks are recomputed (only with ``every``):
 
         * ``"checkpoint"``: each chunk under ``jax.checkpoint``; forward mode
@@ -281,7 +290,8 @@ def integrate(
 
     Args:
       f: right-hand side ``f(t, y)``; it may close over traced parameters (ε, μ,
-        a velocity field …): ``jax.grad`` w.r.t. them runs backwards through the loop.
+        a velocity field …): ``jax.grad`` w.r.t. them runs backwards through the loop,
+        recomputing ``f`` from each stage's input (see :class:`Checkpointing`).
       y0: initial state (any pytree of arrays, e.g. Maxwell's ``q: (6, E, n, n, n)``).
       dt: step size (time units of ``f``; may be traced).
       num_steps: number of steps (static int ≥ 0).
@@ -305,9 +315,19 @@ def integrate(
     c = checkpointing.chunk(num_steps)
     remat = checkpointing.remat
 
-    def one(y, m):
-        y = rk_step(f, t0 + m * dt, y, dt, method, loop_stages=True)
-        return y, (observe(y) if observe is not None else None)
+    def stepper(rhs):
+        def one(y, m):
+            y = rk_step(rhs, t0 + m * dt, y, dt, method, loop_stages=True)
+            return y, (observe(y) if observe is not None else None)
+
+        return one
+
+    effects = jax.make_jaxpr(stepper(f))(y0, 0).effects
+    # Reverse mode keeps each stage's input and recomputes f's internals from it: f's
+    # residuals are several states per stage, and on a bandwidth-bound GPU writing and reading
+    # them back costs as much time as recomputing them, or more (docs/performance.md). The
+    # forward and backward loops keep values and recomputation apart: no CSE barrier needed.
+    one = stepper(f if effects else jax.checkpoint(f, prevent_cse=False))
 
     steps = jnp.arange(num_steps)
     if c is None:
@@ -317,15 +337,12 @@ def integrate(
     nchunk, rest = divmod(num_steps, c)
     ms = steps[: nchunk * c].reshape(nchunk, c)
     chunk = lambda y, ms: jax.lax.scan(one, y, ms)
-    if remat == "checkpoint":
+    if remat == "checkpoint" or (remat == "auto" and not effects):
         y, obs = jax.lax.scan(jax.checkpoint(chunk), y0, ms)
     else:
         # The chunk as a function of its closed-over parameters too (ε, dt, …), traced once.
         conv, consts = jax.closure_convert(chunk, y0, ms[0])
-        if remat == "auto" and not jax.make_jaxpr(conv)(y0, ms[0], *consts).effects:
-            y, obs = jax.lax.scan(jax.checkpoint(lambda y, m: conv(y, m, *consts)), y0, ms)
-        else:
-            y, obs = _segmented(conv, y0, ms, *consts)
+        y, obs = _segmented(conv, y0, ms, *consts)
     obs = jax.tree_util.tree_map(lambda o: o.reshape((nchunk * c,) + o.shape[2:]), obs)
     if rest:
         y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
