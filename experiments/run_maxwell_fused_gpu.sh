@@ -14,8 +14,8 @@ t = time.time()
 ck.build(keys)
 print(f"built {len(keys)} libraries in {time.time() - t:.0f} s", flush=True)
 PY
-python -m pytest tests/test_cuda_kernels.py -q -x -p no:cacheprovider -k "fused_maxwell" 2>&1 | tail -3
-for v in ${MAXWELL_VARIANTS:-2}; do
+python -m pytest tests/test_cuda_kernels.py -q -x -p no:cacheprovider -k "fused_maxwell and ${TEST_K:-fused}" 2>&1 | tail -3
+for v in ${MAXWELL_VARIANTS:-2 3 4}; do
 python - "$v" "$OUT" <<'PY'
 import os, sys
 v, out = int(sys.argv[1]), sys.argv[2]

@@ -94,7 +94,7 @@ OPS = ("bk5", "bk5a", "maxwell", "mass", "stiffness")
 #   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
 # input through the node map and adding its output into the global vector with atomics.
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2,), "mass": (8, 9, 10),
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2, 3), "mass": (8, 9, 10),
             "stiffness": (2, 3, 8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
@@ -115,6 +115,7 @@ _ROWS = {  # n =                           2    3    4    5    6    7    8    9 
     ("bk5", True, "float32"):         "    1    1  10p  10p  10p  10p  10p  10p  10p  10p  10p  10p    5    5    7",
     ("bk5a", False, "float64"):       "    .    .    .    .    6    .    6    .    6    .    6    .    .    .    7",
     ("bk5a", True, "float64"):        "    .    .    .    .    .    .    5    .    .    .    .    .    .    .    .",
+    ("maxwell", False, "float64"):    "    .    .    .    .    .    .    3    .    .    .    .    .    .    3    .",
     ("mass", False, "float64"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", False, "float32"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", True, "float64"):        "    8   8p    8   8p   8p   9p   10   10    9   9p    9    9    8    8    9",

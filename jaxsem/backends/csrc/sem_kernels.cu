@@ -870,7 +870,9 @@ __device__ __forceinline__ void maxwell_face(const MaxwellArgs& A, const T* U, i
   }
 }
 
-template <int N, typename T>
+// UNROLL: how far the derivative loops are unrolled (N: fully, variant 2, 252 registers at N = 8;
+// 2: variant 3, 90 registers, so two blocks per multiprocessor).
+template <int N, typename T, int UNROLL>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kernel(MaxwellArgs A) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
@@ -894,7 +896,7 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kerne
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
       T d[6] = {0, 0, 0, 0, 0, 0};
-#pragma unroll
+#pragma unroll UNROLL
       for (int m = 0; m < N; ++m) {
         const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
         const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
@@ -936,7 +938,13 @@ bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A) {
   const size_t smem = sizeof(T) * (N * N + EB * 6 * N * N * N);
   switch (variant) {
     case 2: {
-      auto kernel = maxwell_kernel<N, T>;
+      auto kernel = maxwell_kernel<N, T, N>;
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, st>>>(A);
+      return true;
+    }
+    case 3: {
+      auto kernel = maxwell_kernel<N, T, 2>;
       allow_smem(kernel, smem);
       kernel<<<grid, block, smem, st>>>(A);
       return true;
