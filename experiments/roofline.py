@@ -172,7 +172,9 @@ def run(args):
         bandwidth_bytes_per_second=bw, bandwidth_nbytes=nbytes, problems=problems, backends=backends, orders=orders,
         sizes=sizes, sweep_order=args.sweep_order, fit_order=args.fit_order, fit_sizes=fit_sizes,
         iterations=args.iterations, repeats=args.repeats, budget_seconds=args.budget_seconds,
-        bytes_per_dof={p: {str(o): bench.bytes_per_dof(p, o, args.dtype) for o in sorted(set(orders) | {args.sweep_order})}
+        # one device: the BPs keep assembled vectors (discretize's default storage)
+        bytes_per_dof={p: {str(o): bench.bytes_per_dof(p, o, args.dtype, "assembled" if p.startswith("bp") else "local")
+                           for o in sorted(set(orders) | {args.sweep_order})}
                        for p in problems},
         rows=[], skipped=[], fits={},
     )
@@ -269,7 +271,7 @@ def plot(path):
                             color=colors[prob], ms=3, label=f"{prob.upper()} {backend}")
             os_ = sorted({r["order"] for r in rows if r["problem"] == prob})
             if os_:
-                ax.plot(os_, [bw / bench.bytes_per_dof(prob, o, res["dtype"]) / 1e9 for o in os_], ":",
+                ax.plot(os_, [bw / res["bytes_per_dof"][prob][str(o)] / 1e9 for o in os_], ":",
                         color=colors[prob], lw=1)
         ax.set_xlabel("polynomial order p")
         ax.set_ylabel("GDOF/s (DOFs = components·E·p³)")
@@ -290,7 +292,7 @@ def plot(path):
                     ax.plot([r["points"] for r in pr], [r["dofs_per_second"] / 1e9 for r in pr],
                             "o" + styles.get(backend, "-"), color=colors[prob], ms=3, label=f"{prob.upper()} {backend}")
             if any(r["problem"] == prob for r in rows):
-                ax.axhline(bw / bench.bytes_per_dof(prob, res["sweep_order"], res["dtype"]) / 1e9, ls=":",
+                ax.axhline(bw / res["bytes_per_dof"][prob][str(res["sweep_order"])] / 1e9, ls=":",
                            color=colors[prob], lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
