@@ -16,8 +16,10 @@ serial here implies equality with the MPI backend to round-off.
 """
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +29,40 @@ import subproc
 CHECK = Path(__file__).with_name("shard_check.py")
 
 
-@pytest.fixture(scope="module")
-def results():
+def run_checks() -> dict:
     # both device counts at once: the compilations dominate and run on separate cores
     procs = {P: subproc.start([CHECK, P], devices=4) for P in (2, 4)}
     return {P: subproc.finish(proc) for P, proc in procs.items()}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """shard_check.py's results for P = 2 and 4, computed once per test session.
+
+    Under pytest-xdist the tests of this module may land on different workers, each with its
+    own module fixture; the first worker to get here runs the checks and leaves the results in
+    the session's shared temporary directory, the others wait for them there.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return run_checks()
+    shared = tmp_path_factory.getbasetemp().parent  # one per session, shared by the workers
+    out, lock = shared / "shard_check.json", shared / "shard_check.lock"
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker runs them
+        deadline = time.monotonic() + 1500  # subproc.finish kills a check after 600 s
+        while not out.exists():
+            assert time.monotonic() < deadline, f"no {out} from the worker that took {lock}"
+            time.sleep(0.2)
+        return {int(P): subproc.Finished(*r) for P, r in json.loads(out.read_text()).items()}
+    res = {P: subproc.Finished(-1, None, "shard_check.py not run") for P in (2, 4)}
+    try:
+        res = run_checks()
+        return res
+    finally:  # always leave something, so that no worker waits in vain
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({P: list(r) for P, r in res.items()}))
+        tmp.replace(out)
 
 
 @pytest.mark.parametrize("P", [2, 4])
