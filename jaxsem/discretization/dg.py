@@ -234,6 +234,9 @@ class DG(Discretization):
       nbr: ``(E, 6, n, n)`` int32 (one device only, else ``None``): the volume index
         ``e'·n³ + node`` of the neighbour's node coinciding with each face point (−1 on the
         boundary), through which a fused kernel reads neighbour values without an exchange.
+      affine: static: every element of the whole mesh is an affine image of the reference
+        cube (a parallelepiped; :func:`is_affine`), so the metric terms are constant per
+        element and the chain-rule and split-form curls are the same operator.
 
     Distributed, ``boundary`` marks physical boundary faces only (faces shared
     with another rank or device are exchanged, not mirrored), and global
@@ -258,6 +261,7 @@ class DG(Discretization):
     comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
     backend: Backend = dataclasses.field(default=Backend(), metadata=dict(static=True))
     nbr: jax.Array | None = None
+    affine: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def weight(self):
@@ -338,8 +342,26 @@ def discretize_dg(
         elements=jnp.asarray(elements, jnp.int32), num_global_elements=Eg, comm=comm,
         halo=None if halo is None else jnp.asarray(halo, jnp.int32),
         halo_map=None if halo_map is None else jnp.asarray(halo_map, jnp.int32),
-        backend=kernels, nbr=nbr,
+        backend=kernels, nbr=nbr, affine=is_affine(mesh.x),
     )
+
+
+def is_affine(x, rtol: float = 1e-13) -> bool:
+    """Whether every element's nodes ``x: (3, E, n, n, n)`` (GLL, float64) are an affine map of
+    the reference nodes: x(r) = x₀ + Σ_a (r_a + 1)/2 · (x(corner a) − x₀), within
+    ``rtol`` × the mesh's extent (from the corners (−1,−1,−1) and the three adjacent ones)."""
+    x = np.asarray(x, np.float64)
+    n = x.shape[-1]
+    if n < 2:
+        return True
+    r = (np.asarray(basis.gll_points(n - 1)[0]) + 1.0) / 2.0  # (n,) in [0, 1]
+    x0 = x[..., :1, :1, :1]
+    ex = x[..., -1:, :1, :1] - x0  # axis order of the node array (i, j, k) = (r0, r1, r2)
+    ey = x[..., :1, -1:, :1] - x0
+    ez = x[..., :1, :1, -1:] - x0
+    fit = x0 + ex * r[:, None, None] + ey * r[None, :, None] + ez * r[None, None, :]
+    scale = float(np.max(np.abs(x))) if x.size else 0.0
+    return bool(x.size == 0 or np.max(np.abs(fit - x)) <= rtol * max(scale, np.finfo(float).tiny))
 
 
 def _neighbor_nodes(partner: np.ndarray, N: int) -> np.ndarray:

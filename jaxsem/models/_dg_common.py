@@ -99,6 +99,25 @@ def ref_derivative(D, u, a, xp=jnp):
     return xp.einsum("kl,...lji->...kji", D, u)
 
 
+def _symbolic(a) -> bool:
+    return isinstance(a, jax.custom_derivatives.SymbolicZero)
+
+
+def is_zero(tangent) -> bool:
+    """Whether every leaf of a custom_jvp rule's tangent is symbolically zero (``symbolic_zeros=True``)."""
+    return all(_symbolic(a) for a in jax.tree_util.tree_leaves(tangent, is_leaf=_symbolic))
+
+
+def instantiate(tangent, like):
+    """The tangent with its symbolic zeros made arrays shaped like ``like``'s leaves."""
+    def zero(p):  # float0 for integer leaves (index maps), as JAX's tangents
+        if jnp.issubdtype(p.dtype, jnp.inexact):
+            return jnp.zeros_like(p)
+        return np.zeros(np.shape(p), jax.dtypes.float0)
+
+    return jax.tree_util.tree_map(lambda a, p: zero(p) if _symbolic(a) else a, tangent, like, is_leaf=_symbolic)
+
+
 def rhs_fn(rhs: Callable, exchange: Callable | None, **options):
     """``f(t, q, (dg, p)) = rhs(dg, p, q, exchange=..., **options)`` for :func:`jaxsem.timestepping.run`.
 

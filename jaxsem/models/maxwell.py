@@ -43,14 +43,17 @@ import math
 from typing import Callable, ClassVar, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
 from ..solvers import timestepping as ts
 from ..discretization.dg import DG, Exchange, face_exchange, faces, lift_faces, neighbor_values
 from ..mesh.box import Mesh
 from . import _dg_common as common
-from ._dg_common import RHO_MARGIN, check_choice, ref_derivative, relative_error
+from ._dg_common import RHO_MARGIN, check_choice, instantiate as _instantiate, is_zero as _is_zero
+from ._dg_common import ref_derivative, relative_error
 
 __all__ = [
     "FIELDS",
@@ -209,38 +212,180 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
     check_choice(flux, "flux", FLUXES)
     check_choice(bc, "bc", BCS)
     check_choice(form, "form", FORMS)
-    if form == "chain" and exchange is None and dg.nbr is not None and dg.backend.name == "cuda":
+    if _fusable(dg, exchange, form):
         return _fused_rhs(dg, mat, q, flux, bc)
     return _rhs(dg, mat, q, flux, bc, exchange, form)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
-def _fused_rhs(dg: DG, mat: Material, q, flux, bc):
-    """:func:`rhs` (chain form, one device) as one CUDA kernel; its tangent is the einsum form's."""
+# --- the fused kernel and its derivatives ---------------------------------------------------
+#
+# The operator is linear in q: rhs(q) = L q with L = M⁻¹K, M = diag(mass·ε, mass·μ) the energy
+# mass. On affine elements (chain = split curl) K = S + D, S the curl and central-flux coupling
+# (skew: E ← H and H ← E only) and D the upwind penalty (symmetric, E ← E and H ← H only), so
+# with P = diag(1, −1) flipping the sign of H, PKP = −S + D = Kᵀ and
+#
+#     Lᵀ = Kᵀ M⁻¹ = M P L P M⁻¹,
+#
+# i.e. the transpose is the same kernel between two pointwise scalings. Reverse mode through
+# the fused operator is then one more kernel launch per stage instead of the einsum form's
+# derivative: the tangent in q is a linear primitive (_linear_p) whose transpose rule is this
+# identity. Curved elements keep the einsum form's tangent in q. The tangent in ε, μ and the
+# flux coefficients is written out from the primal value and the face jumps (cheap); the one in
+# the geometry (dg) is the einsum form's.
+
+
+def _kernel_value(dg: DG, mat: Material, q, flux, bc, kernel):
+    """The operator's value by ``kernel``: ``"cuda"`` (the fused kernel) or ``"reference"``
+    (the einsum form; lets the derivative rules below run and be tested without a GPU)."""
+    if kernel == "reference":
+        return _rhs(dg, mat, q, flux, bc, None, "chain")
     from ..backends import cuda
 
     return cuda.maxwell_rhs_cuda(q, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE, mat.cH, mat.aH,
                                  dg.nbr, flux == "upwind", bc == "pmc")
 
 
-@_fused_rhs.defjvp
-def _fused_rhs_jvp(flux, bc, primals, tangents):
-    _, dw = jax.jvp(lambda dg, mat, q: _rhs(dg, mat, q, flux, bc, None, "chain"), primals, tangents)
-    return _fused_rhs(*primals, flux, bc), dw
+def _energy_mass(dg: DG, mat: Material):
+    """``(6, E, n, n, n)``: M of the note above, mass·ε for E and mass·μ for H."""
+    return jnp.stack([dg.mass * mat.eps] * 3 + [dg.mass * mat.mu] * 3)
 
 
-def _rhs(dg: DG, mat: Material, q, flux, bc, exchange, form):
-    """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
+def _flip_h(q):
+    return q * jnp.asarray([1.0] * 3 + [-1.0] * 3, q.dtype)[:, None, None, None, None]
+
+
+_linear_p = jax.extend.core.Primitive("jaxsem_maxwell_linear")
+
+
+def _linear(dg: DG, mat: Material, q, flux, bc, kernel):
+    """L q as the linear primitive (operands: q and the leaves of (dg, mat))."""
+    leaves, tree = jax.tree_util.tree_flatten((dg, mat))
+    return _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+
+
+def _linear_impl(q, *leaves, tree, flux, bc, kernel):
+    dg, mat = jax.tree_util.tree_unflatten(tree, leaves)
+    return _kernel_value(dg, mat, q, flux, bc, kernel)
+
+
+def _linear_transpose(ct, q, *leaves, tree, flux, bc, kernel):
+    if any(ad.is_undefined_primal(a) for a in leaves):
+        raise NotImplementedError("the fused Maxwell operator is linear in q only")
+    if type(ct) is ad.Zero:
+        return [ad.Zero(q.aval)] + [None] * len(leaves)
+    dg, mat = jax.tree_util.tree_unflatten(tree, leaves)
+    m = _energy_mass(dg, mat)
+    ct_q = m * _flip_h(_linear(dg, mat, _flip_h(ct / m), flux, bc, kernel))
+    return [ct_q] + [None] * len(leaves)
+
+
+def _linear_jvp(primals, tangents, *, tree, flux, bc, kernel):
+    if any(type(t) is not ad.Zero for t in tangents[1:]):
+        raise NotImplementedError(
+            "second derivatives w.r.t. ε, μ or the geometry through the fused Maxwell kernel are not "
+            "implemented: discretize_dg(..., backend='einsum') differentiates to any order")
+    q, *leaves = primals
+    out = _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+    dq = tangents[0]
+    if type(dq) is ad.Zero:
+        return out, jnp.zeros_like(out)
+    return out, _linear_p.bind(dq, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+
+
+def _linear_batch(args, dims, **params):
+    """vmap: one launch per batch member (as the kernel's own ``vmap_method="sequential"``)."""
+    moved = [None if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+
+    def one(xs):
+        it = iter(xs)
+        return _linear_p.bind(*[a if m is None else next(it) for a, m in zip(args, moved)], **params)
+
+    return jax.lax.map(one, [m for m in moved if m is not None]), 0
+
+
+_linear_p.def_impl(_linear_impl)
+_linear_p.def_abstract_eval(lambda q, *leaves, **params: q)
+mlir.register_lowering(_linear_p, mlir.lower_fun(_linear_impl, False))
+ad.primitive_jvps[_linear_p] = _linear_jvp
+ad.primitive_transposes[_linear_p] = _linear_transpose
+batching.primitive_batchers[_linear_p] = _linear_batch
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
+def _fused_rhs(dg: DG, mat: Material, q, flux, bc, kernel="cuda"):
+    """:func:`rhs` (chain form, one device) by ``kernel`` (:func:`_kernel_value`), with the
+    derivative rules of the note above."""
+    return _kernel_value(dg, mat, q, flux, bc, kernel)
+
+
+def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, kernel, value: Callable):
+    """d rhs along ``tangents = (ddg, dmat, dq)`` (SymbolicZero leaves where not perturbed), or
+    ``None`` if all are zero; ``value()`` gives rhs(q) (only the material tangent needs it)."""
+    ddg, dmat, dq = tangents
+    parts = []
+    if not _is_zero(dq):
+        dq = _instantiate(dq, q)
+        if dg.affine:
+            parts.append(_linear(dg, mat, dq, flux, bc, kernel))
+        else:
+            parts.append(jax.jvp(lambda v: _rhs(dg, mat, v, flux, bc, None, "chain"), (q,), (dq,))[1])
+    if not _is_zero(dmat):
+        parts.append(_material_tangent(dg, mat, q, value(), _instantiate(dmat, mat), flux, bc))
+    if not _is_zero(ddg):
+        ddg = _instantiate(ddg, dg)
+        parts.append(jax.jvp(lambda g: _rhs(g, mat, q, flux, bc, None, "chain"), (dg,), (ddg,))[1])
+    return functools.reduce(jnp.add, parts) if parts else None
+
+
+def _fused_rhs_jvp(flux, bc, kernel, primals, tangents):
+    dg, mat, q = primals
+    out = _fused_rhs(dg, mat, q, flux, bc, kernel)
+    tan = _tangent(dg, mat, q, tangents, flux, bc, kernel, lambda: out)
+    return out, jnp.zeros_like(out) if tan is None else tan
+
+
+_fused_rhs.defjvp(_fused_rhs_jvp, symbolic_zeros=True)
+
+
+def _fusable(dg: DG, exchange, form) -> bool:
+    """Whether :func:`rhs` runs as the fused kernel for this ``dg`` and options."""
+    return form == "chain" and exchange is None and dg.nbr is not None and dg.backend.name == "cuda"
+
+
+def _material_tangent(dg: DG, mat: Material, q, out, dmat: Material, flux, bc):
+    """d rhs along a change ``dmat`` of ε, μ and the flux coefficients at fixed q; ``out`` = rhs(q).
+
+    rhs_E = (∇×H + L f_E)/ε and rhs_H = (L f_H − ∇×E)/μ with f linear in the coefficients, so
+    d rhs_E = −rhs_E dε/ε + L(df_E)/ε (and the same for H with μ).
+    """
+    nxdE, nxdH = _face_jumps(dg, q, bc, None)
+    n = dg.normal
+    dfE = dmat.cE * nxdH
+    dfH = -dmat.cH * nxdE
+    if flux == "upwind":
+        dfE = dfE - dmat.aE * _cross(n, nxdE)
+        dfH = dfH - dmat.aH * _cross(n, nxdH)
+    lifted = lift_faces(jnp.concatenate([dfE, dfH]))
+    return jnp.concatenate([(lifted[:3] - out[:3] * dmat.eps) / mat.eps,
+                            (lifted[3:] - out[3:] * dmat.mu) / mat.mu])
+
+
+def _face_jumps(dg: DG, q, bc, exchange):
+    """n × ΔE and n × ΔH on the faces ``(3, E, 6, n, n)`` each (Δ = neighbour − own; mirror
+    states on the boundary)."""
     ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
-    curlE, curlH = _curls(dg, q, form)
-
     qf = faces(q)  # (6, E, 6, n, n): one packed exchange for all components
     sgn = jnp.asarray([-1.0] * 3 + [1.0] * 3 if bc == "pec" else [1.0] * 3 + [-1.0] * 3, q.dtype)
     mirror = sgn[:, None, None, None, None] * qf
     dq = ex(qf) - 2.0 * qf + dg.boundary * mirror  # neighbour − own (mirror on the boundary)
-    dE, dH = dq[:3], dq[3:]
+    return _cross(dg.normal, dq[:3]), _cross(dg.normal, dq[3:])
+
+
+def _rhs(dg: DG, mat: Material, q, flux, bc, exchange, form):
+    """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
+    curlE, curlH = _curls(dg, q, form)
+    nxdE, nxdH = _face_jumps(dg, q, bc, exchange)
     n = dg.normal
-    nxdE, nxdH = _cross(n, dE), _cross(n, dH)
     fE = mat.cE * nxdH
     fH = -mat.cH * nxdE
     if flux == "upwind":
