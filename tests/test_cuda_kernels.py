@@ -300,6 +300,105 @@ def test_fused_maxwell_rhs_equals_einsum(monkeypatch, variant, order, flux, bc):
     np.testing.assert_allclose(gc, ge, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(ge))))
 
 
+def _advection_case(order, periodic=(True, False, True)):
+    """Both backends' DG of a curved mesh with walls and periodic axes, a Transport each, random u."""
+    from jaxsem.discretization.dg import discretize_dg
+    from jaxsem.models import advection as adv
+
+    mesh = box_mesh((3, 2, 2), order, deform=0.1, periodic=periodic)
+    dgs = {b: discretize_dg(mesh, backend=b) for b in ("einsum", "cuda")}
+    trs = {b: adv.transport(dg, (1.0, -0.7, 0.4)) for b, dg in dgs.items()}
+    u = jax.random.normal(jax.random.PRNGKey(order), dgs["einsum"].jac.shape)
+    return dgs, trs, u
+
+
+@gpu
+@pytest.mark.parametrize("variant", ck.VARIANTS["advection"])
+@pytest.mark.parametrize("order", [1, 3, 7, 14])
+def test_fused_advection_rhs_equals_einsum(monkeypatch, variant, order):
+    """The fused advection right-hand side against the einsum form, every form and flux: curved
+    elements, walls (inflow u⁺ = 0) and two periodic axes, a ragged last block, random u."""
+    from jaxsem.discretization.dg import discretize_dg
+    from jaxsem.models import advection as adv
+
+    monkeypatch.setitem(ck.TUNING, ("advection", order + 1, False, "float64"), (variant, False))
+    dgs, trs, u = _advection_case(order)
+    assert dgs["cuda"].nbr is not None and discretize_dg(box_mesh((1, 1, 1), order)).backend.name == "cuda"
+    for form in adv.FORMS:
+        for flux in adv.FLUXES:
+            out = {b: adv.rhs(dg, trs[b], u, flux, None, form) for b, dg in dgs.items()}
+            scale = float(jnp.max(jnp.abs(out["einsum"])))
+            err = float(jnp.max(jnp.abs(out["cuda"] - out["einsum"])))
+            assert err < 1e-13 * scale, (form, flux, err / scale)
+
+
+@gpu
+@pytest.mark.parametrize("form", ["split", "conservative", "chain"])
+def test_fused_advection_gradient_through_steps(form):
+    """jax.grad through three LSERK4 steps of ``timestepping.integrate``, w.r.t. the initial
+    state and a scale of the velocity (through the Transport): the same with the fused kernel
+    (its tangent is the einsum form's) as with einsum."""
+    import dataclasses
+
+    from jaxsem.models import advection as adv
+    from jaxsem.solvers import timestepping as ts
+
+    dgs, trs, u0 = _advection_case(3)
+
+    def loss(b):
+        dg, tr = dgs[b], trs[b]
+
+        def f(u0, s):
+            trs_ = dataclasses.replace(tr, A=s * tr.A, an=s * tr.an, vn=s * tr.vn)
+            rhs = lambda t, u: adv.rhs(dg, trs_, u, "upwind", None, form)
+            return jnp.sum(jnp.sin(ts.integrate(rhs, u0, 0.01, 3)))
+        return f
+
+    (gu_e, gs_e), (gu_c, gs_c) = (jax.grad(loss(b), (0, 1))(u0, 1.0) for b in ("einsum", "cuda"))
+    np.testing.assert_allclose(gu_c, gu_e, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(gu_e))))
+    np.testing.assert_allclose(gs_c, gs_e, rtol=1e-10)
+
+
+def test_advection_rhs_cuda_checks_its_arguments():
+    E, n = 3, 4
+    u = jnp.zeros((E, n, n, n))
+    D, A, jac, fa = jnp.zeros((n, n)), jnp.zeros((3, E, n, n, n)), jnp.ones((E, n, n, n)), jnp.zeros((E, 6, n, n))
+    nbr = jnp.full((E, 6, n, n), -1, jnp.int32)
+    with pytest.raises(ValueError, match="u must be"):
+        ck.advection_rhs_cuda(jnp.zeros((2, E, n, n, n)), D, A, jac, fa, fa, fa, nbr, "split", True)
+    with pytest.raises(ValueError, match=re.escape("A must be (3, 3, 4, 4, 4)")):
+        ck.advection_rhs_cuda(u, D, A[:2], jac, fa, fa, fa, nbr, "split", True)
+    with pytest.raises(ValueError, match="lw must be"):
+        ck.advection_rhs_cuda(u, D, A, jac, fa, fa, fa[:, :5], nbr, "split", True)
+    with pytest.raises(ValueError, match="nbr must be"):
+        ck.advection_rhs_cuda(u, D, A, jac, fa, fa, fa, nbr.astype(jnp.int64), "split", True)
+    with pytest.raises(ValueError, match="form must be one of"):
+        ck.advection_rhs_cuda(u, D, A, jac, fa, fa, fa, nbr, "skew", True)
+    if not ck.cuda_available():
+        with pytest.raises(ValueError, match="need a CUDA GPU"):
+            ck.advection_rhs_cuda(u, D, A, jac, fa, fa, fa, nbr, "split", True)
+
+
+def test_advection_throughput_models():
+    """The bytes and flop models of experiments/advection_throughput.py, exact values."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                        "advection_throughput.py")
+    spec = importlib.util.spec_from_file_location("advection_throughput", path)
+    at = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(at)
+    b = at.bytes_per_step(7, 1)  # n = 512 nodes, 384 face points, 5 stages, float64
+    assert b == dict(fields=81920, geometry=81920, faces=53760, total=217600)
+    assert b["total"] / 512 == 425.0  # bytes per point-step at N = 7: 5 × (64 + 0.75 × 28)
+    assert at.bytes_per_step(14, 1)["total"] / 15**3 == 376.0  # 5 × (64 + 0.4 × 28)
+    assert at.bytes_per_step(7, 4096, word=4)["total"] == 220 * 4096 * 512  # 5 × (32 + 0.75 × 16)
+    assert at.flops_per_step(7, 1) == 5 * (115 * 512 + 11 * 384)  # split, upwind
+    assert at.flops_per_step(7, 1, "chain", "central") == 5 * (60 * 512 + 7 * 384)
+    assert at.flops_per_step(14, 2, "conservative") == 5 * 2 * (102 * 3375 + 11 * 1350)
+
+
 def test_gs_csr_cuda_checks_its_arguments():
     u = jnp.zeros((3, 10))
     with pytest.raises(ValueError, match="u must be"):

@@ -17,6 +17,8 @@ Same contracts as the einsum references:
 * :func:`gs_csr_cuda` — the gather–scatter QQᵀ as one gather (layout ``"csr"`` of
   :mod:`jaxsem.discretization.gather_scatter`)
 
+and the fused DG right-hand sides :func:`maxwell_rhs_cuda` and :func:`advection_rhs_cuda`.
+
 ``u: (..., E, n, n, n)`` float64 or float32 with 2 ≤ n ≤ 16; the leading axes
 (vector components) run inside one launch, so the geometric factors leave
 memory once per element.
@@ -35,8 +37,8 @@ processes never load half a file. :func:`build` compiles every library (or those
 asked for) ahead of time, in parallel.
 
 ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, used
-as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: ``bk5``,
-``mass``, ``stiffness``; n = order + 1) and ``sem_gs_{f64|f32}.so``;
+as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: one of
+:data:`OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``;
 ``build(folder=…)`` writes such a folder. A kernel whose file is missing there
 raises when it is first called.
 
@@ -67,18 +69,19 @@ from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
-           "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "mass_cuda",
+           "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
            "stiffness_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
-           "DEFAULT", "PREFETCH_L2"]
+           "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
-# BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell right-hand side,
-# BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
-OPS = ("bk5", "bk5a", "maxwell", "mass", "stiffness")
+# BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell and advection
+# right-hand sides, BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
+OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness")
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
-# launch_mass, launch_stiffness):
+# launch_mass, launch_stiffness; for the DG right-hand sides, launch_maxwell and
+# launch_advection, 2 and 3 are the derivative loops fully unrolled and unrolled by two):
 #   1     one k-slice per step through shared memory, two barriers per slice
 #   2     the whole element through shared memory once per stage
 #   3     as 2 with registers capped for two blocks per multiprocessor
@@ -94,8 +97,8 @@ OPS = ("bk5", "bk5a", "maxwell", "mass", "stiffness")
 #   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
 # input through the node map and adding its output into the global vector with atomics.
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2, 3), "mass": (8, 9, 10),
-            "stiffness": (2, 3, 8, 9, 11)}
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2, 3), "advection": (2, 3),
+            "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
 # component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older GPUs and for
@@ -107,7 +110,8 @@ DEFAULT = (2, False)  # (variant, prefetch) for a key TUNING does not list
 # The tuning table: per (operator, vector form, dtype), the kernel for n = p + 1 = 2 … 16, as
 # "V" (variant V), "Vp" (variant V with the L2 prefetch) or "." (not listed: DEFAULT). The
 # vector form is 3 components in one launch (BK2/BK4/BK6). The fastest measured on an H100
-# (docs/kernels.md).
+# (docs/kernels.md); the advection row is chosen by register count (docs/kernels.md), not yet
+# timed.
 _ROWS = {  # n =                           2    3    4    5    6    7    8    9   10   11   12   13   14   15   16
     ("bk5", False, "float64"):        "    1    1    .    .    6    8    .    6    8    4    6    4    5    5    7",
     ("bk5", False, "float32"):        "    1    1    .    .    6    8    8    8    6    4    6    4    5    5    7",
@@ -116,6 +120,7 @@ _ROWS = {  # n =                           2    3    4    5    6    7    8    9 
     ("bk5a", False, "float64"):       "    .    .    .    .    6    .    6    .    6    .    6    .    .    .    7",
     ("bk5a", True, "float64"):        "    .    .    .    .    .    .    5    .    .    .    .    .    .    .    .",
     ("maxwell", False, "float64"):    "    .    .    .    .    .    .    3    .    .    .    .    .    .    3    .",
+    ("advection", False, "float64"):  "    .    3    3    3    3    3    3    3    3    3    3    3    3    3    3",
     ("mass", False, "float64"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", False, "float32"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", True, "float64"):        "    8   8p    8   8p   8p   9p   10   10    9   9p    9    9    8    8    9",
@@ -315,6 +320,7 @@ def _target(op: str, dtype: str, n: int | None) -> str:
 
 
 def _ffi_target(op: str, dtype, n: int | None = None) -> str:
+    """The FFI target of ``op`` at ``dtype``, ``n``."""
     with _LOCK:  # one build and registration per library, also under threads
         return _target(op, np.dtype(dtype).name, n)
 
@@ -452,10 +458,49 @@ def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: boo
     if not cuda_available():
         raise ValueError("maxwell_rhs_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
     attr = _attr("maxwell", jax.ShapeDtypeStruct(q.shape[1:], q.dtype))
-    call = jax.ffi.ffi_call(_ffi_target("maxwell", q.dtype, n), jax.ShapeDtypeStruct(q.shape, q.dtype),
-                            vmap_method="sequential")
+    out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    call = jax.ffi.ffi_call(_ffi_target("maxwell", q.dtype, n), out, vmap_method="sequential")
     args = [a.astype(q.dtype) for a in (D, rx, eps, mu, normal, cE, aE, cH, aH)]
     return call(q, *args, nbr, variant=np.int32(attr), upwind=np.int32(bool(upwind)), pmc=np.int32(bool(pmc)))
+
+
+# the volume forms of advection_rhs_cuda, in the order of the kernel's `form` attribute
+# (csrc/sem_kernels.cu: ADV_SPLIT, ADV_CONSERVATIVE, ADV_CHAIN)
+ADVECTION_FORMS = ("split", "conservative", "chain")
+
+
+def advection_rhs_cuda(u, D, A, jac, an, vn, lw, nbr, form: str, upwind: bool):
+    """The DG advection right-hand side (one device) in one launch; no derivative rule.
+
+    ``u: (E, n, n, n)``, ``D: (n, n)``, ``A: (3, E, n, n, n)`` the contravariant velocity,
+    ``jac: (E, n, n, n)``, ``an, vn, lw: (E, 6, n, n)`` (the face weights of
+    :class:`jaxsem.models.advection.Transport`), ``nbr: (E, 6, n, n)`` int32 volume index of each
+    face point's neighbour node (-1: boundary, inflow u⁺ = 0); ``form`` one of
+    :data:`ADVECTION_FORMS`. Returns du/dt ``(E, n, n, n)``, as
+    :func:`jaxsem.models.advection.rhs`, which supplies the tangent.
+    """
+    n = u.shape[-1]
+    if u.ndim != 4 or u.dtype not in (jnp.float32, jnp.float64) or not 2 <= n <= MAX_N or u.shape[1:] != (n, n, n):
+        raise ValueError(f"advection_rhs_cuda: u must be (E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
+                         f"got {u.shape} {u.dtype}")
+    E = u.shape[0]
+    shapes = dict(D=(n, n), A=(3,) + u.shape, jac=u.shape, an=(E, 6, n, n), vn=(E, 6, n, n), lw=(E, 6, n, n))
+    for name, a in zip(shapes, (D, A, jac, an, vn, lw)):
+        if tuple(a.shape) != shapes[name]:
+            raise ValueError(f"advection_rhs_cuda: {name} must be {shapes[name]} for u {u.shape}, got {a.shape}")
+    if nbr.dtype != jnp.int32 or nbr.shape != (E, 6, n, n):
+        raise ValueError(f"advection_rhs_cuda: nbr must be (E, 6, n, n) int32, got {nbr.shape} {nbr.dtype}")
+    if form not in ADVECTION_FORMS:
+        raise ValueError(f"advection_rhs_cuda: form must be one of {ADVECTION_FORMS}, got {form!r}")
+    if not cuda_available():
+        raise ValueError("advection_rhs_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
+    attr = _attr("advection", u)
+    u5 = u[None]
+    out = jax.ShapeDtypeStruct(u5.shape, u5.dtype)
+    call = jax.ffi.ffi_call(_ffi_target("advection", u.dtype, n), out, vmap_method="sequential")
+    args = [a.astype(u.dtype) for a in (D, A, jac, an, vn, lw)]
+    return call(u5, *args, nbr, variant=np.int32(attr), upwind=np.int32(bool(upwind)),
+                form=np.int32(ADVECTION_FORMS.index(form)))[0]
 
 
 def mass_cuda(u, J, B, h2=None):

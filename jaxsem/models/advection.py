@@ -212,10 +212,41 @@ def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | Non
       really overlaps depends on the backend (a ShardComm's ``ppermute`` can
       be asynchronous; mpi4jax's ``sendrecv`` blocks): see
       ``experiments/advection_overlap.py``.
+
+    On one device with ``dg.backend`` CUDA, every form and flux runs as one fused kernel
+    (volume term, fluxes with the neighbours' values read in place, lift, 1/J;
+    :func:`jaxsem.backends.cuda.advection_rhs_cuda`) whose derivatives are those of the
+    einsum form.
     """
     check_choice(flux, "flux", FLUXES)
     check_choice(form, "form", FORMS)
     check_choice(schedule, "schedule", SCHEDULES)
+    if _fusable(dg, exchange):
+        return _fused_rhs(dg, tr, u, flux, form)
+    return _rhs(dg, tr, u, flux, exchange, form, schedule)
+
+
+def _fusable(dg: DG, exchange) -> bool:
+    """Whether :func:`rhs` runs as the fused kernel for this ``dg``."""
+    return exchange is None and dg.nbr is not None and dg.backend.name == "cuda"
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _fused_rhs(dg: DG, tr: Transport, u, flux, form):
+    """:func:`rhs` (one device) as one CUDA kernel; its tangent is the einsum form's."""
+    from ..backends import cuda
+
+    return cuda.advection_rhs_cuda(u, dg.D, tr.A, dg.jac, tr.an, tr.vn, tr.lw, dg.nbr, form, flux == "upwind")
+
+
+@_fused_rhs.defjvp
+def _fused_rhs_jvp(flux, form, primals, tangents):
+    _, dw = jax.jvp(lambda dg, tr, u: _rhs(dg, tr, u, flux, None, form, "bulk"), primals, tangents)
+    return _fused_rhs(*primals, flux, form), dw
+
+
+def _rhs(dg: DG, tr: Transport, u, flux, exchange, form, schedule):
+    """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
     distributed = exchange is None and dg.fgs.exchange is not None
     uf = faces(u)  # (E, 6, n, n): one component through the exchange
     if distributed and schedule == "overlap":

@@ -15,7 +15,7 @@
 //   BK3/BK4 (stiffness, Gauss): X = J⊗J⊗J u, then the BK5 form on the Gauss points
 //                               with Dq (Dq J = Dt), then Jᵀ⊗Jᵀ⊗Jᵀ back.
 // Built by jaxsem/backends/cuda.py (nvcc, the device's own architecture) on first use, one
-// library per operator, dtype and order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MASS|STIFFNESS|GS,
+// library per operator, dtype and order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|ADVECTION|MASS|STIFFNESS|GS,
 // -DJAXSEM_REAL=double|float and -DJAXSEM_N=n (not for GS) select what is instantiated.
 
 #include <cstdint>
@@ -139,7 +139,7 @@ extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 // order) before each launch.
 // BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
 __host__ __device__ constexpr int ops_words(int n) {
-#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A) || defined(JAXSEM_OP_MAXWELL)
+#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A) || defined(JAXSEM_OP_MAXWELL) || defined(JAXSEM_OP_ADVECTION)
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
@@ -820,7 +820,7 @@ bk5_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, c
 struct MaxwellArgs {
   const JAXSEM_REAL *q, *D, *rx, *eps, *mu, *normal, *cE, *aE, *cH, *aH;
   const int32_t* nbr;
-  JAXSEM_REAL* w;
+  JAXSEM_REAL* w;  // dq/dt
   int64_t E;
   bool upwind, pmc;
 };
@@ -949,6 +949,123 @@ bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A) {
       kernel<<<grid, block, smem, st>>>(A);
       return true;
     }
+    default: return false;
+  }
+}
+
+// ------------------------------------------------------------------------- advection (DG)
+// The right-hand side of DG linear advection (jaxsem/models/advection.py, rhs on one device) in
+// one pass: the volume term of the chosen form, the upwind or central flux with the neighbour's
+// value read straight from u through nbr (no face arrays, no exchange), the lift and 1/J:
+//   du/dt = Σ_faces lw [an u⁻ − f*] − vol / J,   f* = vn (u⁻ + u⁺)/2 [+ |vn| (u⁻ − u⁺)/2, upwind]
+//   vol = Σ_a A_a ∂_a u ("chain"), Σ_a ∂_a(A_a u) ("conservative") or their average ("split"),
+// u⁺ = 0 (inflow) on the boundary. Arrays: u, w (E, n³); A (3, E, n³) the contravariant velocity
+// c·J∇r_a; jac (E, n³); an, vn, lw (E, 6, n²) the Transport's face weights; nbr (E, 6, n²) int32
+// as for Maxwell. Faces [v, u] as for Maxwell. One element per N×N thread layer, u (and for the
+// conservative half A_a u) in shared memory, thread (i, j) walks its column k.
+constexpr int ADV_SPLIT = 0, ADV_CONSERVATIVE = 1, ADV_CHAIN = 2;  // cuda.ADVECTION_FORMS order
+
+struct AdvectionArgs {
+  const JAXSEM_REAL *u, *D, *A, *jac, *an, *vn, *lw;
+  const int32_t* nbr;
+  JAXSEM_REAL* w;  // du/dt
+  int64_t E;
+  bool upwind;
+};
+
+// words of shared memory per element node: u, and A_0 u, A_1 u, A_2 u for a conservative half
+template <int FORM>
+__host__ __device__ constexpr int advection_words() { return FORM == ADV_CHAIN ? 1 : 4; }
+
+// lw (an u⁻ − f*) at face point (f, v, u) of element e, u⁻ = uf
+template <int N, typename T>
+__device__ __forceinline__ T advection_face(const AdvectionArgs& A, T uf, int64_t e, int f, int v, int u) {
+  constexpr int n2 = N * N;
+  const int64_t fp = (e * 6 + f) * n2 + v * N + u;
+  const int32_t nb = A.nbr[fp];
+  const T up = nb >= 0 ? A.u[nb] : T(0);
+  const T vn = A.vn[fp];
+  T fstar = T(0.5) * vn * (uf + up);
+  if (A.upwind) fstar += T(0.5) * fabs(vn) * (uf - up);
+  return A.lw[fp] * (A.an[fp] * uf - fstar);
+}
+
+// FORM: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN. UNROLL: how far the derivative loops are
+// unrolled (N: fully, variant 2; 2: variant 3).
+template <int N, typename T, int FORM, int UNROLL>
+__global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_kernel(AdvectionArgs A) {
+  constexpr int EB = elements_per_block<N>();
+  constexpr int n2 = N * N, n3 = N * N * N;
+  constexpr bool CONS = FORM != ADV_CHAIN, CHAIN = FORM != ADV_CONSERVATIVE;
+  T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
+  const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z;
+  T* U = sD + n2 + z * advection_words<FORM>() * n3;  // u, then A_a u at U + (a + 1) n3
+  const int lt = i + N * j;
+  for (int t = lt + n2 * z; t < n2; t += n2 * EB) sD[t] = A.D[t];
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < A.E;
+  const int64_t stride = A.E * n3;
+  const int64_t base = (active ? e : 0) * n3;
+  for (int t = lt; t < n3; t += n2) {
+    const T ut = active ? A.u[base + t] : T(0);
+    U[t] = ut;
+    if constexpr (CONS) {
+#pragma unroll
+      for (int a = 0; a < 3; ++a) U[(a + 1) * n3 + t] = active ? A.A[a * stride + base + t] * ut : T(0);
+    }
+  }
+  __syncthreads();
+  if (!active) return;
+  for (int k = 0; k < N; ++k) {
+    const int node = (k * N + j) * N + i;
+    T chain = 0, cons = 0;  // Σ_a A_a ∂_a u, Σ_a ∂_a(A_a u)
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      T du = 0, dau = 0;
+#pragma unroll UNROLL
+      for (int m = 0; m < N; ++m) {
+        const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
+        const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
+        if constexpr (CHAIN) du += Dm * U[at];
+        if constexpr (CONS) dau += Dm * U[(a + 1) * n3 + at];
+      }
+      if constexpr (CHAIN) chain += A.A[a * stride + base + node] * du;
+      if constexpr (CONS) cons += dau;
+    }
+    const T vol = FORM == ADV_SPLIT ? T(0.5) * (cons + chain) : CONS ? cons : chain;
+    const T uf = U[node];
+    T s = 0;
+    if (i == 0) s += advection_face<N, T>(A, uf, e, 0, k, j);
+    if (i == N - 1) s += advection_face<N, T>(A, uf, e, 1, k, j);
+    if (j == 0) s += advection_face<N, T>(A, uf, e, 2, k, i);
+    if (j == N - 1) s += advection_face<N, T>(A, uf, e, 3, k, i);
+    if (k == 0) s += advection_face<N, T>(A, uf, e, 4, j, i);
+    if (k == N - 1) s += advection_face<N, T>(A, uf, e, 5, j, i);
+    A.w[base + node] = s - vol / A.jac[base + node];
+  }
+}
+
+template <int N, typename T>
+bool launch_advection(cudaStream_t st, int variant, int form, const AdvectionArgs& A) {
+  constexpr int EB = elements_per_block<N>();
+  dim3 block(N, N, EB), grid(unsigned((A.E + EB - 1) / EB));
+  auto run = [&](auto unroll) {
+    auto one = [&](auto f) {
+      constexpr int FORM = decltype(f)::value;
+      const size_t smem = sizeof(T) * (N * N + EB * advection_words<FORM>() * N * N * N);
+      auto kernel = advection_kernel<N, T, FORM, decltype(unroll)::value>;
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, st>>>(A);
+      return true;
+    };
+    if (form == ADV_SPLIT) return one(std::integral_constant<int, ADV_SPLIT>{});
+    if (form == ADV_CONSERVATIVE) return one(std::integral_constant<int, ADV_CONSERVATIVE>{});
+    if (form == ADV_CHAIN) return one(std::integral_constant<int, ADV_CHAIN>{});
+    return false;
+  };
+  switch (variant) {
+    case 2: return run(std::integral_constant<int, N>{});
+    case 3: return run(std::integral_constant<int, 2>{});
     default: return false;
   }
 }
@@ -1230,6 +1347,27 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_ADVECTION)
+// u, w: (1, E, n, n, n); form: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN.
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t form, ffi::AnyBuffer u,
+                       ffi::AnyBuffer D, ffi::AnyBuffer A, ffi::AnyBuffer jac, ffi::AnyBuffer an,
+                       ffi::AnyBuffer vn, ffi::AnyBuffer lw, ffi::AnyBuffer nbr, ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = check(u, s); err.failure()) return err;
+  if (s.C != 1) return ffi::Error::InvalidArgument("jaxsem advection: u must be (1, E, n, n, n)");
+  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
+    return ffi::Error::InvalidArgument("jaxsem advection: nbr must be (E, 6, n, n) int32");
+  if (s.E == 0) return ffi::Error::Success();
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  AdvectionArgs args{P(u), P(D), P(A), P(jac), P(an), P(vn), P(lw), static_cast<const int32_t*>(nbr.untyped_data()),
+                     static_cast<T*>(w->untyped_data()), s.E, upwind != 0};
+  return finish(launch_advection<JAXSEM_N, T>(st, variant & ~PREFETCH_L2, form, args));
+}
+#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("form")
+#define JAXSEM_ARGS                                                                                     \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MASS)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1308,7 +1446,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, JAXSEM_OP_BK5A, JAXSEM_OP_MAXWELL, JAXSEM_OP_MASS, JAXSEM_OP_STIFFNESS, JAXSEM_OP_GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _ADVECTION, _MASS, _STIFFNESS, _GS"
 #endif
 
 }  // namespace
@@ -1318,8 +1456,8 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MASS|STIFFNESS|GS -DJAXSEM_REAL=double|float
-// -DJAXSEM_N=n.
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|ADVECTION|MASS|STIFFNESS|GS
+// -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -1328,3 +1466,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               // kernel launches only: XLA may record it in a CUDA graph
                               // (the PCG loop body stays one command buffer)
                               {ffi::Traits::kCmdBufferCompatible});
+
