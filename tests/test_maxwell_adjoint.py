@@ -2,9 +2,9 @@
 
 The operator is linear in the fields; on affine elements its transpose is the same operator
 between two pointwise scalings, Lᵀ = M P L P M⁻¹ (M the energy mass, P the sign flip of H),
-which is what reverse mode through the fused kernel runs. On the CPU the kernel is replaced by
-the einsum form (``kernel="reference"``), so the derivative rules themselves are tested here;
-the GPU test at the end runs them with the CUDA kernel.
+which is what reverse mode through the fused kernel runs. On the CPU (a DG with the einsum
+backend) the kernel's value is the einsum form's, so the derivative rules themselves are tested
+here; the GPU test at the end runs them with the CUDA kernel.
 """
 
 import jax
@@ -31,7 +31,7 @@ def rel(a, b):
 
 def setup(deform, periodic, order=3, seed=0):
     mesh = box_mesh((3, 2, 2), order, deform=deform, periodic=periodic, lengths=(1.0, 1.5, 0.8))
-    dg = discretize_dg(mesh, backend="einsum")  # the kernel is chosen per test (reference or, on a GPU, CUDA)
+    dg = discretize_dg(mesh, backend="einsum")  # _fused_rhs then evaluates the einsum form
     rng = np.random.default_rng(seed)
     eps = 1.0 + rng.uniform(size=dg.num_elements)  # per element: material interfaces inside
     mu = 1.0 + rng.uniform(size=dg.jac.shape)  # per node
@@ -64,19 +64,19 @@ def test_transpose_is_the_operator_between_scalings(deform, periodic, bc, flux):
     if deform == 0.0:
         assert rel(formula, want) < 1e-13
         # the primitive's transpose rule is that formula
-        lin = lambda v: mx._linear(dg, mat, v, flux, bc, "reference")
+        lin = lambda v: mx._linear(dg, mat, v, flux, bc)
         assert rel(jax.linear_transpose(lin, q)(w)[0], want) < 1e-13
     else:
         assert rel(formula, want) > 1e-3  # why curved elements keep the einsum form's derivative
 
 
-def integrate_loss(dg, mu, flux, bc, kernel, checkpointing, steps=6):
+def integrate_loss(dg, mu, flux, bc, fused, checkpointing, steps=6):
     def loss(eps, q0):
         mat = mx.material(dg, eps, mu)
-        if kernel is None:
-            f = lambda t, v: mx._rhs(dg, mat, v, flux, bc, None, "chain")
+        if fused:  # the fused operator's derivative rules
+            f = lambda t, v: mx._fused_rhs(dg, mat, v, flux, bc)
         else:
-            f = lambda t, v: mx._fused_rhs(dg, mat, v, flux, bc, kernel)
+            f = lambda t, v: mx._rhs(dg, mat, v, flux, bc, None, "chain")
         y = ts.integrate(f, q0, 0.01, steps, checkpointing=checkpointing)
         return jnp.sum(y[:3] ** 2) + jnp.sum(jnp.sin(y[3:]) * q0[3:])
 
@@ -91,18 +91,18 @@ def test_gradient_through_lserk4_equals_einsum(deform, periodic, bc, flux, every
     tangent on curved ones, the written-out material tangent) equal the einsum form's."""
     dg, eps, mu, q = setup(deform, periodic, order=2)
     chk = ts.Checkpointing(every)
-    grad = lambda kernel: jax.jit(jax.grad(integrate_loss(dg, mu, flux, bc, kernel, chk), argnums=(0, 1)))(eps, q)
-    (ge, gq), (fe, fq) = grad(None), grad("reference")
+    grad = lambda fused: jax.jit(jax.grad(integrate_loss(dg, mu, flux, bc, fused, chk), argnums=(0, 1)))(eps, q)
+    (ge, gq), (fe, fq) = grad(False), grad(True)
     assert rel(fe, ge) < 1e-12 and rel(fq, gq) < 1e-12
     # the affine path really runs the transpose rule of the linear primitive
-    jaxpr = str(jax.make_jaxpr(jax.grad(integrate_loss(dg, mu, flux, bc, "reference", chk), argnums=(0, 1)))(eps, q))
+    jaxpr = str(jax.make_jaxpr(jax.grad(integrate_loss(dg, mu, flux, bc, True, chk), argnums=(0, 1)))(eps, q))
     assert ("jaxsem_maxwell_linear" in jaxpr) == (deform == 0.0)
 
 
 def test_forward_mode_and_vmap():
     dg, eps, mu, q = setup(0.0, (True, False, False))
-    loss = integrate_loss(dg, mu, "upwind", "pec", "reference", ts.Checkpointing(), steps=3)
-    ref = integrate_loss(dg, mu, "upwind", "pec", None, ts.Checkpointing(), steps=3)
+    loss = integrate_loss(dg, mu, "upwind", "pec", True, ts.Checkpointing(), steps=3)
+    ref = integrate_loss(dg, mu, "upwind", "pec", False, ts.Checkpointing(), steps=3)
     de = jnp.linspace(0.5, 1.5, eps.size)
     dq = jnp.cos(q)
     t_f = jax.jvp(loss, (eps, q), (de, dq))[1]
@@ -110,7 +110,7 @@ def test_forward_mode_and_vmap():
     assert abs(float(t_f - t_e)) < 1e-12 * abs(float(t_e))
     mat = mx.material(dg, eps, mu)
     qs = jnp.stack([q, 2.0 * q[::-1], jnp.sin(q)])
-    lin = jax.vmap(lambda v: mx._linear(dg, mat, v, "upwind", "pec", "reference"))(qs)
+    lin = jax.vmap(lambda v: mx._linear(dg, mat, v, "upwind", "pec"))(qs)
     for k in range(3):
         assert rel(lin[k], mx._rhs(dg, mat, qs[k], "upwind", "pec", None, "chain")) < 1e-14
 

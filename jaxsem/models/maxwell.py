@@ -234,10 +234,10 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
 # the geometry (dg) is the einsum form's.
 
 
-def _kernel_value(dg: DG, mat: Material, q, flux, bc, kernel):
-    """The operator's value by ``kernel``: ``"cuda"`` (the fused kernel) or ``"reference"``
-    (the einsum form; lets the derivative rules below run and be tested without a GPU)."""
-    if kernel == "reference":
+def _kernel_value(dg: DG, mat: Material, q, flux, bc):
+    """The operator's value: the fused kernel with ``dg.backend`` CUDA (what :func:`rhs` runs),
+    else the einsum form (with which the derivative rules below are tested without a GPU)."""
+    if dg.backend.name != "cuda":
         return _rhs(dg, mat, q, flux, bc, None, "chain")
     from ..backends import cuda
 
@@ -257,39 +257,39 @@ def _flip_h(q):
 _linear_p = jax.extend.core.Primitive("jaxsem_maxwell_linear")
 
 
-def _linear(dg: DG, mat: Material, q, flux, bc, kernel):
+def _linear(dg: DG, mat: Material, q, flux, bc):
     """L q as the linear primitive (operands: q and the leaves of (dg, mat))."""
     leaves, tree = jax.tree_util.tree_flatten((dg, mat))
-    return _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+    return _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc)
 
 
-def _linear_impl(q, *leaves, tree, flux, bc, kernel):
+def _linear_impl(q, *leaves, tree, flux, bc):
     dg, mat = jax.tree_util.tree_unflatten(tree, leaves)
-    return _kernel_value(dg, mat, q, flux, bc, kernel)
+    return _kernel_value(dg, mat, q, flux, bc)
 
 
-def _linear_transpose(ct, q, *leaves, tree, flux, bc, kernel):
+def _linear_transpose(ct, q, *leaves, tree, flux, bc):
     if any(ad.is_undefined_primal(a) for a in leaves):
         raise NotImplementedError("the fused Maxwell operator is linear in q only")
     if type(ct) is ad.Zero:
         return [ad.Zero(q.aval)] + [None] * len(leaves)
     dg, mat = jax.tree_util.tree_unflatten(tree, leaves)
     m = _energy_mass(dg, mat)
-    ct_q = m * _flip_h(_linear(dg, mat, _flip_h(ct / m), flux, bc, kernel))
+    ct_q = m * _flip_h(_linear(dg, mat, _flip_h(ct / m), flux, bc))
     return [ct_q] + [None] * len(leaves)
 
 
-def _linear_jvp(primals, tangents, *, tree, flux, bc, kernel):
+def _linear_jvp(primals, tangents, *, tree, flux, bc):
     if any(type(t) is not ad.Zero for t in tangents[1:]):
         raise NotImplementedError(
             "second derivatives w.r.t. ε, μ or the geometry through the fused Maxwell kernel are not "
             "implemented: discretize_dg(..., backend='einsum') differentiates to any order")
     q, *leaves = primals
-    out = _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+    out = _linear_p.bind(q, *leaves, tree=tree, flux=flux, bc=bc)
     dq = tangents[0]
     if type(dq) is ad.Zero:
         return out, jnp.zeros_like(out)
-    return out, _linear_p.bind(dq, *leaves, tree=tree, flux=flux, bc=bc, kernel=kernel)
+    return out, _linear_p.bind(dq, *leaves, tree=tree, flux=flux, bc=bc)
 
 
 def _linear_batch(args, dims, **params):
@@ -311,14 +311,14 @@ ad.primitive_transposes[_linear_p] = _linear_transpose
 batching.primitive_batchers[_linear_p] = _linear_batch
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
-def _fused_rhs(dg: DG, mat: Material, q, flux, bc, kernel="cuda"):
-    """:func:`rhs` (chain form, one device) by ``kernel`` (:func:`_kernel_value`), with the
-    derivative rules of the note above."""
-    return _kernel_value(dg, mat, q, flux, bc, kernel)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _fused_rhs(dg: DG, mat: Material, q, flux, bc):
+    """:func:`rhs` (chain form, one device) as :func:`_kernel_value`, with the derivative rules
+    of the note above."""
+    return _kernel_value(dg, mat, q, flux, bc)
 
 
-def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, kernel, value: Callable):
+def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, value: Callable):
     """d rhs along ``tangents = (ddg, dmat, dq)`` (SymbolicZero leaves where not perturbed), or
     ``None`` if all are zero; ``value()`` gives rhs(q) (only the material tangent needs it)."""
     ddg, dmat, dq = tangents
@@ -326,7 +326,7 @@ def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, kernel, value: Callab
     if not _is_zero(dq):
         dq = _instantiate(dq, q)
         if dg.affine:
-            parts.append(_linear(dg, mat, dq, flux, bc, kernel))
+            parts.append(_linear(dg, mat, dq, flux, bc))
         else:
             parts.append(jax.jvp(lambda v: _rhs(dg, mat, v, flux, bc, None, "chain"), (q,), (dq,))[1])
     if not _is_zero(dmat):
@@ -337,10 +337,10 @@ def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, kernel, value: Callab
     return functools.reduce(jnp.add, parts) if parts else None
 
 
-def _fused_rhs_jvp(flux, bc, kernel, primals, tangents):
+def _fused_rhs_jvp(flux, bc, primals, tangents):
     dg, mat, q = primals
-    out = _fused_rhs(dg, mat, q, flux, bc, kernel)
-    tan = _tangent(dg, mat, q, tangents, flux, bc, kernel, lambda: out)
+    out = _fused_rhs(dg, mat, q, flux, bc)
+    tan = _tangent(dg, mat, q, tangents, flux, bc, lambda: out)
     return out, jnp.zeros_like(out) if tan is None else tan
 
 
