@@ -20,7 +20,15 @@ from jaxsem.parallel.comm import launcher_size  # noqa: E402
 _MPI_DIR = pathlib.Path(__file__).resolve().parent / "mpi"
 
 
+# pytest-xdist hands the tests out in collection order: the modules whose tests take tens of
+# seconds each (subprocess checks, solver runs) go first, so that a run does not end with one
+# worker on them while the others idle. The sort is stable: each module stays in one piece.
+_SLOW_FIRST = ("test_shard", "test_navier_stokes", "test_distributed_jax", "test_multigrid", "test_cli")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(pathlib.Path(str(item.path)).stem, len(rank)))
     size = launcher_size()
     if size is not None and size > 1:
         return
