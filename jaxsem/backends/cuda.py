@@ -110,8 +110,8 @@ DEFAULT = (2, False)  # (variant, prefetch) for a key TUNING does not list
 # The tuning table: per (operator, vector form, dtype), the kernel for n = p + 1 = 2 … 16, as
 # "V" (variant V), "Vp" (variant V with the L2 prefetch) or "." (not listed: DEFAULT). The
 # vector form is 3 components in one launch (BK2/BK4/BK6). The fastest measured on an H100
-# (docs/kernels.md); the advection row is chosen by register count (docs/kernels.md), not yet
-# timed.
+# (docs/kernels.md); the advection row is chosen by register count (docs/kernels.md: variant 2
+# is tested, not timed).
 _ROWS = {  # n =                           2    3    4    5    6    7    8    9   10   11   12   13   14   15   16
     ("bk5", False, "float64"):        "    1    1    .    .    6    8    .    6    8    4    6    4    5    5    7",
     ("bk5", False, "float32"):        "    1    1    .    .    6    8    8    8    6    4    6    4    5    5    7",
