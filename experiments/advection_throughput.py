@@ -27,16 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxsem
-from jaxsem import timestepping as ts
 from jaxsem.app import bench
 from jaxsem.backends import BACKENDS
 from jaxsem.discretization.dg import discretize_dg
@@ -44,7 +41,7 @@ from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as adv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from maxwell_throughput import element_grid, half_peak  # noqa: E402  (same sizes and n_1/2 as the Maxwell study)
+from maxwell_throughput import element_grid, half_peak, time_steps  # noqa: E402  (same sizes and n_1/2 as the Maxwell study)
 
 STAGES = 5  # LSERK4
 INDEX_BYTES = 4  # nbr is int32
@@ -106,21 +103,11 @@ def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend):
     x = dg.x
     u0 = (jnp.sin(2 * np.pi * x[0] / ne[0]) * jnp.cos(2 * np.pi * x[1] / ne[1])
           + jnp.sin(2 * np.pi * x[2] / ne[2])).astype(dtype)
-    advance = ts.advance_fn(adv.make_rhs(flux, None, form), "lserk4")
-    t0, dtj = jnp.asarray(0.0, dtype), jnp.asarray(dt, dtype)
-    run = lambda y, count: advance(y, (dg, tr), t0, dtj, jnp.asarray(0), jnp.asarray(count))
-    tic = time.perf_counter()
-    jax.block_until_ready(run(u0, 1))  # compile + warm-up
-    compile_s = time.perf_counter() - tic
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        y = jax.block_until_ready(run(u0, steps))
-        times.append(time.perf_counter() - tic)
+    seconds, compile_s, y = time_steps(adv.make_rhs(flux, None, form), u0, (dg, tr), dt, steps, repeats)
     fused = dg.backend.name == "cuda" and dg.nbr is not None
     row = dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
                backend_requested=backend, backend=dg.backend.name, fused_rhs=fused,
-               seconds_per_step=statistics.median(times) / steps, compile_seconds=compile_s,
+               seconds_per_step=seconds, compile_seconds=compile_s,
                finite=bool(jnp.all(jnp.isfinite(y))))
     if fused:
         from jaxsem.backends import cuda

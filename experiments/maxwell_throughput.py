@@ -107,21 +107,28 @@ def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend="auto"):
     dg = discretize_dg(mesh, dtype=dtype, backend=backend)
     mat = mx.material(dg)
     q0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
-    advance = ts.advance_fn(mx.make_rhs(flux, "pec", None, form), "lserk4")
-    t0, dtj = jnp.asarray(0.0, dtype), jnp.asarray(dt, dtype)
-    run = lambda y, count: advance(y, (dg, mat), t0, dtj, jnp.asarray(0), jnp.asarray(count))
+    seconds, compile_s, y = time_steps(mx.make_rhs(flux, "pec", None, form), q0, (dg, mat), dt, steps, repeats)
+    finite = bool(jnp.all(jnp.isfinite(y)))
+    return dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
+                backend=dg.backend.name, fused_rhs=dg.backend.name == "cuda" and form == "chain",
+                seconds_per_step=seconds, compile_seconds=compile_s, finite=finite)
+
+
+def time_steps(f, y0, args, dt, steps, repeats):
+    """LSERK4 steps of ``f(t, y, args)`` (:func:`jaxsem.timestepping.advance_fn`), compiled and
+    warmed up by one step first: ``(median seconds per step over repeats, compile seconds, y)``."""
+    advance = ts.advance_fn(f, "lserk4")
+    t0, dtj = jnp.asarray(0.0, y0.dtype), jnp.asarray(dt, y0.dtype)
+    run = lambda y, count: advance(y, args, t0, dtj, jnp.asarray(0), jnp.asarray(count))
     tic = time.perf_counter()
-    jax.block_until_ready(run(q0, 1))  # compile + warm-up
+    jax.block_until_ready(run(y0, 1))  # compile + warm-up
     compile_s = time.perf_counter() - tic
     times = []
     for _ in range(repeats):
         tic = time.perf_counter()
-        y = jax.block_until_ready(run(q0, steps))
+        y = jax.block_until_ready(run(y0, steps))
         times.append(time.perf_counter() - tic)
-    finite = bool(jnp.all(jnp.isfinite(y)))
-    return dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
-                backend=dg.backend.name, fused_rhs=dg.backend.name == "cuda" and form == "chain",
-                seconds_per_step=statistics.median(times) / steps, compile_seconds=compile_s, finite=finite)
+    return statistics.median(times) / steps, compile_s, y
 
 
 def run(args):

@@ -358,14 +358,7 @@ def _material_tangent(dg: DG, mat: Material, q, out, dmat: Material, flux, bc):
     rhs_E = (∇×H + L f_E)/ε and rhs_H = (L f_H − ∇×E)/μ with f linear in the coefficients, so
     d rhs_E = −rhs_E dε/ε + L(df_E)/ε (and the same for H with μ).
     """
-    nxdE, nxdH = _face_jumps(dg, q, bc, None)
-    n = dg.normal
-    dfE = dmat.cE * nxdH
-    dfH = -dmat.cH * nxdE
-    if flux == "upwind":
-        dfE = dfE - dmat.aE * _cross(n, nxdE)
-        dfH = dfH - dmat.aH * _cross(n, nxdH)
-    lifted = lift_faces(jnp.concatenate([dfE, dfH]))
+    lifted = _lifted_flux(dg, dmat, *_face_jumps(dg, q, bc, None), flux)
     return jnp.concatenate([(lifted[:3] - out[:3] * dmat.eps) / mat.eps,
                             (lifted[3:] - out[3:] * dmat.mu) / mat.mu])
 
@@ -381,17 +374,22 @@ def _face_jumps(dg: DG, q, bc, exchange):
     return _cross(dg.normal, dq[:3]), _cross(dg.normal, dq[3:])
 
 
+def _lifted_flux(dg: DG, c: Material, nxdE, nxdH, flux):
+    """The lifted flux terms ``(6, E, n, n, n)`` [E rows, H rows] from the face jumps and the
+    coefficients ``c.cE, c.aE, c.cH, c.aH`` (the material's, or a change of them: the terms are
+    linear in both)."""
+    fE = c.cE * nxdH
+    fH = -c.cH * nxdE
+    if flux == "upwind":
+        fE = fE - c.aE * _cross(dg.normal, nxdE)
+        fH = fH - c.aH * _cross(dg.normal, nxdH)
+    return lift_faces(jnp.concatenate([fE, fH]))
+
+
 def _rhs(dg: DG, mat: Material, q, flux, bc, exchange, form):
     """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
     curlE, curlH = _curls(dg, q, form)
-    nxdE, nxdH = _face_jumps(dg, q, bc, exchange)
-    n = dg.normal
-    fE = mat.cE * nxdH
-    fH = -mat.cH * nxdE
-    if flux == "upwind":
-        fE = fE - mat.aE * _cross(n, nxdE)
-        fH = fH - mat.aH * _cross(n, nxdH)
-    lifted = lift_faces(jnp.concatenate([fE, fH]))
+    lifted = _lifted_flux(dg, mat, *_face_jumps(dg, q, bc, exchange), flux)
     return jnp.concatenate([(curlH + lifted[:3]) / mat.eps, (lifted[3:] - curlE) / mat.mu])
 
 
