@@ -81,13 +81,15 @@ def check_gather_scatter(P):
             check(f"{name}_sizes", sizes, len(set(sizes)) > 1 and sum(sizes) == mesh.num_elements)
 
 
-def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
+def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000, storage="auto"):
+    """A sharded solve (Krylov vectors in ``storage``) equals the serial one (E-vectors)."""
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)
     solve = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))
-    serial = poisson.bp_discretize(mesh, bp, comm=Comm())
+    serial = poisson.bp_discretize(mesh, bp, comm=Comm(), storage="local")
     us, info_s = solve(serial)
-    ss = poisson.bp_discretize(mesh, bp, devices=P, partition=partition)
+    ss = poisson.bp_discretize(mesh, bp, devices=P, partition=partition, storage=storage)
+    check(f"{name}_storage", ss.assembled is not None, (ss.assembled is not None) == (storage == "auto"))
     ud, info_d = solve(ss)
     err = rel(js.to_mesh_order(ss, ud), us)
     check(f"{name}_err", err, err < 1e-12)
@@ -100,6 +102,24 @@ def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000):
     e_s, e_d = poisson.relative_errors(serial, us, ms.u), poisson.relative_errors(ss, ud, ms.u)
     e_err = max(abs(a - b) / a for a, b in zip(e_s, e_d))
     check(f"{name}_errors_err", e_err, e_err < 1e-10)
+
+
+def check_bench(P):
+    """The bake-off's fixed-iteration run on assembled vectors split over the devices (``Blocks``):
+    the same residual history as on one device."""
+    from jaxsem.app import bench
+
+    mesh = box_mesh((4, 3, 2), 3, deform=0.1)
+    hist = {}
+    for name, where in (("serial", dict(comm=Comm())), ("sharded", dict(devices=P))):
+        sem = poisson.bp_discretize(mesh, 5, **where)
+        run, args = bench.bp_run(bench.check_problem("bp5")[1], sem, 12)
+        x, info = jax.jit(run)(*args)
+        hist[name] = np.asarray(info.history) / float(info.residual0)
+        size = sem.assembled.size * (P if name == "sharded" else 1)
+        check(f"bench_shape_{name}", list(x.shape), x.shape == (size,))
+    err = float(np.max(np.abs(hist["sharded"] - hist["serial"])))
+    check("bench_history_err", err, err < 1e-12)
 
 
 def grad_loss(sem, f):
@@ -173,6 +193,9 @@ def main(P):
     check_bp(P, 4, box_mesh((3, 2, 2), 3, deform=0.1), "bp4")
     m = box_mesh((5, 3, 1), 2, deform=0.1)
     check_bp(P, 5, m, "bp5_uneven_fixed17", partition=uneven_partition(m.num_elements, P), tol=0.0, maxiter=17)
+    check_bp(P, 5, m, "bp5_local_fixed17", partition=uneven_partition(m.num_elements, P), tol=0.0, maxiter=17,
+             storage="local")
+    check_bench(P)
     check_grad(P)
     check_dg(P)
     RESULTS["seconds"] = round(time.perf_counter() - t0, 2)

@@ -116,10 +116,30 @@ def test_gradient_through_assembled_solve_is_the_local_one():
     assert ga == pytest.approx(fd, rel=1e-6)
 
 
-def test_distributed_and_local_sems_have_no_map():
-    """A rank's part of a distributed mesh keeps E-vectors (its nodes are not all its own)."""
+def test_a_ranks_map_holds_its_nodes_with_interface_weights():
+    """A rank's part of a distributed mesh keeps its own nodes: the local node ids of its plan
+    (Dirichlet nodes out of range), the plan's exchange, and weights 1/(ranks holding the node)
+    that count every node once over the ranks."""
     mesh = box_mesh((4, 2, 2), 2)
-    part = discretize(mesh, comm=Comm(size=2, rank=1))
-    assert part.assembled is None and part.num_elements == 8
+    serial = discretize(mesh)
+    parts = [discretize(mesh, comm=Comm(size=2, rank=r)) for r in range(2)]
+    total = 0.0
+    for part in parts:
+        a = part.assembled
+        assert a.size == part.gs.num_global and a.exchange is part.gs.exchange and a.comm == part.comm
+        idx = np.asarray(a.idx)
+        np.testing.assert_array_equal(idx == a.size, np.asarray(part.mask) == 0)
+        gid = np.asarray(part.gs.gid).reshape(idx.shape)
+        np.testing.assert_array_equal(idx[idx < a.size], gid[idx < a.size])
+        w = np.asarray(a.weight)
+        shared = np.zeros(a.size, bool)
+        for i in a.exchange.idx:
+            shared[np.asarray(i)] = True
+        assert shared.any() and np.all(w[shared] == 0.5) and np.all(w[~shared] == 1.0)
+        np.testing.assert_array_equal(np.asarray(a.shared), np.nonzero(shared)[0])
+        np.testing.assert_array_equal(np.asarray(a.excess), 0.5)
+        total += w.sum()
+    assert total == serial.num_global
+    assert discretize(mesh, comm=Comm(size=2, rank=1), storage="local").assembled is None
     with pytest.raises(ValueError, match="no assembled storage"):
         poisson.global_operator(discretize(mesh, storage="local"))

@@ -29,6 +29,7 @@ streaming, integer index traffic and the small 1-D matrices neglected.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -39,7 +40,7 @@ import numpy as np
 
 from ..core import basis
 from ..discretization import assembled
-from ..parallel.comm import allreduce_sum
+from ..parallel.comm import Blocks, allreduce_sum
 from ..mesh.box import _check_int_triple, box_mesh
 from ..models import poisson
 from ..backends import BACKENDS
@@ -361,12 +362,19 @@ def bp_run(spec, sem, iterations: int):
     b = poisson.load(sem, poisson.manufactured(k).f)
     dinv = poisson.jacobi(sem, h1, h2)
     if sem.assembled is not None:
-        b, dinv = (assembled.from_local(sem.assembled, v, sem.mult) for v in (b, dinv))
+        # assembled vectors are per-rank blocks (Blocks): split over the devices when sharded
+        b, dinv = sem.local_map(lambda s, b, d: Blocks(tuple(assembled.from_local(s.assembled, v, s.mult)
+                                                             for v in (b, d))), b, dinv).value
 
         def run(sem, b, dinv):
-            A = poisson.global_operator(sem, h1, h2)
-            return pcg(A, b, dot=assembled.dot, dots=assembled.dots, precond=lambda r: dinv * r, tol=0.0,
-                       maxiter=iterations)
+            def local(s, bd):
+                b, dinv = bd.value
+                x, info = pcg(poisson.global_operator(s, h1, h2), b, dot=functools.partial(assembled.dot, s.assembled),
+                              dots=functools.partial(assembled.dots, s.assembled), precond=lambda r: dinv * r,
+                              tol=0.0, maxiter=iterations)
+                return Blocks(x), info
+            x, info = sem.local_map(local, Blocks((b, dinv)))
+            return x.value, info
     else:
         def run(sem, b, dinv):
             A = poisson.operator(sem, h1, h2)

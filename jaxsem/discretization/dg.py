@@ -324,7 +324,7 @@ def discretize_dg(
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (Eg,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({Eg},) ranks in [0, {comm.size})")
-        fgs, elements = make_gs_distributed(conn.fid, part, comm, dtype=dtype)
+        fgs, elements, _ = make_gs_distributed(conn.fid, part, comm, dtype=dtype)
         halo, halo_map = halo_plan(fgs, N)
     else:
         fgs, elements = make_gs(conn.fid, conn.num_ids, dtype=dtype), np.arange(Eg)

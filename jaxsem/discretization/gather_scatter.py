@@ -199,8 +199,9 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dty
         same numbering).
       part: ``(E,)`` rank of each element.
       comm: the communicator; ``comm.rank`` picks this rank's elements.
-    Returns ``(plan, elements)``: the plan over this rank's elements and their
-    global indices ``(E_local,)`` (ascending).
+    Returns ``(plan, elements, holders)``: the plan over this rank's elements, their
+    global indices ``(E_local,)`` (ascending), and ``holders: (plan.num_global,)`` the
+    number of ranks holding each of the plan's nodes (1 off the interfaces).
     """
     gid = np.asarray(gid)
     part = np.asarray(part, dtype=np.int64)
@@ -232,7 +233,8 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dty
     exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm,
                         rounds=tuple(tuple(map(tuple, rnd)) for rnd in rounds))
     plan = make_gs(lid.reshape(local_gid.shape), uniq.size, "segment", dtype, counts=counts[uniq], exchange=exchange)
-    return plan, elements
+    holders = sum(h[uniq].astype(np.int32) for h in has)
+    return plan, elements, holders
 
 
 def _qt(plan: GatherScatter, v):

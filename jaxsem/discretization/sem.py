@@ -51,9 +51,10 @@ class SEM(Discretization):
       order, quadrature, num_global (distinct nodes of the whole mesh), comm: static.
       backend: static :class:`jaxsem.backends.Backend`, the element kernels (and through
         ``gs``, the gather–scatter) chosen once by :func:`discretize`.
-      assembled: the node map of assembled storage (:mod:`.assembled`) on one device, where
-        solvers keep their Krylov vectors with one value per global node; None (distributed,
-        or ``storage="local"``): they keep E-vectors.
+      assembled: the node map of assembled storage (:mod:`.assembled`), where solvers keep
+        their Krylov vectors with one value per node (per rank's node when distributed, the
+        interface nodes on each of their ranks); None (``storage="local"``): they keep
+        E-vectors.
 
     Under MPI each rank holds only its elements; sharded over devices the arrays are
     global and split along the element axis (:mod:`jaxsem.discretization.shard`).
@@ -168,8 +169,7 @@ def discretize(
         and split over the devices along the element axis (:mod:`.shard`), the transport
         is JAX's own (``psum``/``ppermute``), and everything else runs unchanged.
       storage: where solvers keep Krylov vectors: ``"auto"`` (assembled, one value per
-        global node, on one device; E-vectors when distributed) or ``"local"`` (E-vectors
-        always: the reference).
+        node and rank) or ``"local"`` (E-vectors: the reference).
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -204,13 +204,14 @@ def discretize(
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {comm.size})")
-        plan, elements = make_gs_distributed(numbering.gid, part, comm, dtype)
+        plan, elements, holders = make_gs_distributed(numbering.gid, part, comm, dtype)
+        local_gid = np.asarray(plan.gid).reshape((elements.size,) + numbering.gid.shape[1:])
+        node_map = lambda: make_assembled(local_gid, mask[elements], plan.num_global, plan.exchange, holders, dtype)
     else:
         elements = np.arange(mesh.num_elements)
         plan = make_gs(numbering.gid, numbering.num_global, kernels.gs_layout, dtype)
-    assembled = None
-    if comm.size == 1 and storage == "auto":
-        assembled = make_assembled(numbering.gid, mask, numbering.num_global)
+        node_map = lambda: make_assembled(numbering.gid, mask, numbering.num_global)
+    assembled = node_map() if storage == "auto" else None
     x = jnp.asarray(mesh.x[:, elements], dtype=jnp.float64)
     geom = geo.geometric_factors(x, quad)
     gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))

@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding
 
 from ..mesh.partition import partition_mesh
 from ..parallel.comm import Comm, ShardComm, element_specs
+from .assembled import Assembled
 from .gather_scatter import Exchange, GatherScatter
 
 __all__ = ["device_mesh", "distribute", "to_mesh_order", "from_mesh_order", "placement_of", "AXIS"]
@@ -109,7 +110,8 @@ def _plans(obj):
 
 
 def _sizes(parts) -> dict:
-    """Common padded sizes of the rank parts: elements, and per plan nodes and round lengths."""
+    """Common padded sizes of the rank parts: elements, per plan nodes and round lengths, and per
+    assembled-storage map its shared nodes."""
     E_max = max(int(np.shape(p.elements)[0]) for p in parts)
     plans = list(zip(*[_plans(p) for p in parts]))
     nodes = [max(g.num_global for g in gs) for gs in plans]
@@ -118,7 +120,9 @@ def _sizes(parts) -> dict:
         ex0 = gs[0].exchange
         nr = 0 if ex0 is None else len(ex0.idx)
         rounds.append([max(int(np.shape(g.exchange.idx[k])[0]) for g in gs) for k in range(nr)])
-    return dict(E_max=E_max, nodes=nodes, rounds=rounds)
+    shared = {f.name: max(int(np.shape(getattr(p, f.name).shared)[0]) for p in parts)
+              for f in dataclasses.fields(parts[0]) if isinstance(getattr(parts[0], f.name), Assembled)}
+    return dict(E_max=E_max, nodes=nodes, rounds=rounds, shared=shared)
 
 
 def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
@@ -140,7 +144,7 @@ def _pad_fields(obj, E_max: int):
     new = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        if f.metadata.get("static", False) or v is None or isinstance(v, GatherScatter):
+        if f.metadata.get("static", False) or v is None or isinstance(v, (GatherScatter, Assembled)):
             continue
         if dataclasses.is_dataclass(v):
             new[f.name] = _pad_fields(v, E_max)
@@ -171,12 +175,29 @@ def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, round_len: Sequence[int],
                          exchange=exchange)
 
 
+def _pad_assembled(a: Assembled, E_max: int, k: int, padded: GatherScatter):
+    """A rank's assembled-storage map padded like its plan (``padded``, the padded plan): ``padded.num_global``
+    slots (the last, the trash slot, and the pads with weight 0), Dirichlet and pad nodes out of
+    range, ``k`` shared nodes (the pads: the trash slot, excess 0)."""
+    size = padded.num_global
+    idx = np.asarray(a.idx)
+    idx = _pad_axis(np.where(idx >= a.size, size, idx), 0, E_max, size)
+    return Assembled(idx=idx, size=size, exchange=padded.exchange, weight=_pad_axis(np.asarray(a.weight), 0, size, 0),
+                     shared=_pad_axis(np.asarray(a.shared), 0, k, size - 1), excess=_pad_axis(np.asarray(a.excess), 0, k, 0),
+                     comm=padded.exchange.comm)
+
+
 def _pad(part, sizes: dict, comm: ShardComm):
     out = _pad_fields(part, sizes["E_max"])
     plans = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)
              if isinstance(getattr(part, f.name), GatherScatter)}
     new = {name: _pad_gs(gs, sizes["E_max"], N, rl, comm)
            for (name, gs), N, rl in zip(plans.items(), sizes["nodes"], sizes["rounds"])}
+    for f in dataclasses.fields(part):  # an assembled-storage map is padded with the plan of its exchange
+        a = getattr(part, f.name)
+        if isinstance(a, Assembled):
+            name = next(k for k, gs in plans.items() if gs.exchange is a.exchange)
+            new[f.name] = _pad_assembled(a, sizes["E_max"], sizes["shared"][f.name], new[name])
     return dataclasses.replace(out, comm=comm, **new)
 
 

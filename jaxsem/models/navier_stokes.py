@@ -38,7 +38,6 @@ import numpy as np
 
 from ..core import basis
 from ..core import geometry as geo
-from ..discretization.assembled import Assembled
 from ..discretization.sem import SEM, discretize
 from ..mesh.box import Mesh
 from ..operators import stiffness_diagonal
@@ -197,7 +196,8 @@ def _all_free(sem):
     """The assembled-storage map of ``sem`` with no Dirichlet nodes (the pressure's), or None."""
     if sem.assembled is None:
         return None
-    return Assembled(idx=sem.gs.gid.reshape(sem.mask.shape).astype(jnp.int32), size=sem.assembled.size)
+    a = sem.assembled
+    return dataclasses.replace(a, idx=jnp.where(sem.valid > 0, sem.gs.gid.reshape(sem.mask.shape), a.size).astype(jnp.int32))
 
 
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,

@@ -91,25 +91,29 @@ def _assembled_apply(sem: SEM, u, h1, h2):
 
 
 def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
-    """The operator on assembled vectors (one value per global node, ``sem.assembled``):
-    ``x ↦ Qᵀ(h₁A_e + h₂B_e)Q x`` for ``x: (..., num_global)``, 0 on Dirichlet nodes.
+    """The operator on assembled vectors (one value per node, ``sem.assembled``):
+    ``x ↦ Qᵀ(h₁A_e + h₂B_e)Q x`` for ``x: (..., size)``, 0 on Dirichlet nodes (per device
+    when sharded; distributed, Qᵀ adds the neighbours' sums of the interface nodes).
 
     BP5/BP6's collocated stiffness runs as one fused kernel with the CUDA backend (gather,
     element operator and sum of the copies); other operators as ``Q``, the element kernels
     of ``sem.backend`` and ``Qᵀ``. Raises ``ValueError`` if ``sem`` has no assembled storage
-    (distributed, or ``storage="local"``).
+    (``storage="local"``).
     """
     a = _require_assembled(sem)
     if sem.quadrature == "gll" and _is_zero(h2) and not _is_zero(h1):
         h = None if _unit(h1) else h1
-        return lambda x: sem.backend.stiffness_gll_assembled(x, a.idx, sem.D, sem.geom.G, h)
-    return lambda x: assembled.scatter(a, _element_apply(sem, assembled.to_local(a, x), h1, h2))
+        return lambda x: sem.local_map(
+            lambda s, x: assembled.assemble(s.assembled, s.backend.stiffness_gll_assembled(
+                x, s.assembled.idx, s.D, s.geom.G, h)), x)
+    return lambda x: sem.local_map(
+        lambda s, x: assembled.scatter(s.assembled, _element_apply(s, assembled.to_local(s.assembled, x), h1, h2)), x)
 
 
 def _require_assembled(sem: SEM) -> assembled.Assembled:
     if sem.assembled is None:
-        raise ValueError("sem has no assembled storage (it is distributed, or was discretized with "
-                         "storage='local'); use the E-vector operator")
+        raise ValueError("sem has no assembled storage (it was discretized with storage='local'); "
+                         "use the E-vector operator")
     return sem.assembled
 
 
@@ -258,9 +262,13 @@ def _solve_assembled(sem: SEM, b, h1, h2, tol, maxiter, method, precond):
     else:
         M = lambda r: g(multigrid.vcycle(precond, assembled.to_local(a, r)))
     keep = g(sem.mask)  # 1 on free nodes, 0 on Dirichlet ones
+    # the continuous, masked subspace: a node's copies on several ranks made equal (the weighted
+    # sum of the copies), the weight of each copy 1/(its ranks), as mult is for E-vectors
+    weight = keep if a.weight is None else keep * a.weight
+    project = (lambda x: keep * x) if a.weight is None else (lambda x: keep * assembled.assemble(a, a.weight * x))
     x, info = linear_solve(
-        global_operator(sem, h1, h2), g(b), dot=assembled.dot, project=lambda x: keep * x, weight=keep,
-        precond=M, tol=tol, maxiter=maxiter, dots=assembled.dots, method=method,
+        global_operator(sem, h1, h2), g(b), dot=functools.partial(assembled.dot, a), project=project,
+        weight=weight, precond=M, tol=tol, maxiter=maxiter, dots=functools.partial(assembled.dots, a), method=method,
         transposable=sem.backend.transposable, keep_z=precond is not None,
     )
     return assembled.to_local(a, x), info

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-__all__ = ["Transport", "Comm", "ShardComm", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
+__all__ = ["Transport", "Comm", "ShardComm", "Blocks", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
            "allreduce_sum", "allreduce_max", "sendrecv"]
 
 # Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
@@ -219,7 +219,11 @@ def init_distributed() -> bool:
     except ImportError:
         raise RuntimeError(f"a launcher started {size} processes, but multi-controller JAX needs mpi4py "
                            "to find its peers: pip install mpi4py") from None
-    jax.distributed.initialize(cluster_detection_method="mpi4py")
+    # JAX's MPI detection would take GPU number <local rank> on each node, but a process bound to its GPU
+    # (bind_local_device, or the user's CUDA_VISIBLE_DEVICES) sees its GPUs numbered from 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = list(range(len(visible.split(",")))) if visible else None
+    jax.distributed.initialize(cluster_detection_method="mpi4py", local_device_ids=ids)
     return True
 
 
@@ -270,8 +274,9 @@ class ShardComm(Transport):
 
         ``args``: pytrees whose element arrays are split by :func:`element_specs`; leaves
         that are not arrays (Python numbers, functions) are passed as they are. ``fn``'s outputs: element fields (``ndim ≥ 4``,
-        element axis ``ndim − 4``) come back as global arrays; every other output must be
-        a global value (the same on every device, e.g. a ``psum``) and comes back once.
+        element axis ``ndim − 4``) and the arrays of a :class:`Blocks` come back as global
+        arrays; every other output must be a global value (the same on every device, e.g. a
+        ``psum``) and comes back once.
         """
         if self.inside() or self.mesh is None:
             return fn(*args)
@@ -293,8 +298,19 @@ class ShardComm(Transport):
             return jax.tree.map(lambda o: jnp.zeros((1,), jnp.float32), out)
 
         jax.eval_shape(_shard_map(probe, self.mesh, in_specs, PartitionSpec(self.axis_name)), *arrays)
-        out_specs = jax.tree.map(lambda nd: _field_spec(nd, self.axis_name), kinds[0])
+        out_specs = element_specs(jax.tree.map(lambda nd: np.zeros((1,) * nd), kinds[0]), self.axis_name)
         return _shard_map(call, self.mesh, in_specs, out_specs)(*arrays)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Per-rank arrays that are not element fields (assembled vectors: one value per node of
+    the rank), as one pytree: ``value``'s arrays are split along their first axis, one block
+    per device, when they enter or leave :meth:`ShardComm.local_map` (the first axis of the
+    global array is the blocks concatenated); serial and MPI hold them as they are."""
+
+    value: object = dataclasses.field(metadata=dict(blocks=True))
 
 
 def _check_op(op):
