@@ -1,17 +1,31 @@
-"""Navier–Stokes time per step (Taylor–Green, Re = 1600, BDF3/EXT3, pMG pressure): warm timing.
+"""Navier–Stokes time per step (Taylor–Green, Re = 1600, BDF3/EXT3, pMG pressure) over devices: warm timing.
 
-For each mesh: setup, one sample interval to compile and pass the start-up, then ``--steps``
-timed steps (one jitted chunk); reports ms per step, the pressure and velocity iterations
-of the last step, and the time of one convective term and one pressure solve alone.
+For each mesh and device count P: setup, one sample interval to compile and pass the start-up, then
+``--steps`` timed steps (one jitted chunk); reports ms per step, the pressure and velocity iterations
+of the last step, and the time of each part alone: one convective term, one curl-curl, one pressure
+solve and one velocity solve (the step's own right-hand sides), and one gather–scatter (``dssum``) of
+the velocity, its neighbour exchange included (a jitted loop of 20). Transports as in ``scaling.py``:
+``shard`` (``--devices`` of this process, or of every process started by ``mpirun``) or ``mpi``
+(``mpirun -n P``, one process per device, mpi4jax). Rows go to ``--out`` (JSON) as they finish;
+strong-scaling η = t₁/(P·t_P) from them with
+``scaling.efficiencies(rows, size="points", per_rank="points_per_rank", time="ms_per_step")``.
 
-    python experiments/ns_step_time.py --order 3 --elements 4 --steps 10      # seconds on a CPU
-    python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 # one GPU
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python experiments/ns_step_time.py \\
+        --order 3 --elements 4 --steps 5 --devices 1,2                 # a CPU, a minute
+    mpirun -n 2 python experiments/ns_step_time.py --order 3 --elements 4 --steps 5 \\
+        --transport mpi                                                # a CPU, one process per device
+    NCCL_NVLS_ENABLE=0 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+        --devices 1,2 --out ns_shard.json                              # 2 GPUs, one process
+    NCCL_NVLS_ENABLE=0 mpirun -n 2 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+        --devices 2 --out ns_multi.json                                # 2 GPUs, one process each, one device mesh
+    mpirun -n 2 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+        --transport mpi --out ns_mpi.json                              # 2 GPUs, mpi4jax
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 
@@ -22,6 +36,10 @@ import numpy as np
 import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
+from jaxsem.parallel.comm import get_comm, init_distributed
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scaling import Results  # noqa: E402
 
 
 def _time(fn, *args, repeats=3):
@@ -34,10 +52,9 @@ def _time(fn, *args, repeats=3):
     return best
 
 
-def case(K, p, dt, steps, backend):
-    mesh = js.box_mesh(K, p, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+def case(mesh, K, dt, steps, backend, where):
     t = time.perf_counter()
-    ns = NS.setup(mesh, nu=1 / 1600, dt=dt, backend=backend)
+    ns = NS.setup(mesh, nu=1 / 1600, dt=dt, backend=backend, **where)
     st = NS.initial_state(ns, flows.taylor_green().velocity)
     setup = time.perf_counter() - t
     st, s, _ = NS.run(ns, st, 0.1, sample_interval=0.1)
@@ -49,6 +66,10 @@ def case(K, p, dt, steps, backend):
     curlcurl = jax.jit(lambda ns, u: ns.sem.local_map(
         lambda s_, ns_, u_: NS._curl(ns_, s_, NS._curl(ns_, s_, u_)), ns, u))
     t_cc = _time(curlcurl, ns, st.u)
+    reps = 20
+    gs_loop = jax.jit(lambda ns, u: ns.sem.local_map(
+        lambda s_, u_: jax.lax.fori_loop(0, reps, lambda i, v: s_.dssum(v) * 0.125, u_), u))
+    t_gs = _time(gs_loop, ns, st.u) / reps
     # the step's own pressure and velocity right-hand sides (periodic: no lift), then each solve alone
     beta_, a_ = NS.bdf_ext(ns.options.time_order)
     beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
@@ -67,12 +88,14 @@ def case(K, p, dt, steps, backend):
     t_p = _time(psolve, ns, bp, st.p)
     t_v = _time(vsolve, ns, bv, x0)
     pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
-    return dict(elements=K, order=p, points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup,
-                ms_per_step=1e3 * t_step, convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc,
-                pressure_solve_ms=1e3 * t_p, pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v,
-                velocity_solve_iterations=vits,
-                pressure_iterations=int(info.pressure.iterations), velocity_iterations=int(info.velocity.iterations),
-                kinetic_energy=float(NS.diagnostics(ns, st).kinetic_energy), backend=ns.sem.backend.name)
+    p = mesh.order
+    return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
+                points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
+                convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
+                pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
+                dssum_ms=1e3 * t_gs, pressure_iterations=int(info.pressure.iterations),
+                velocity_iterations=int(info.velocity.iterations),
+                kinetic_energy=float(NS.diagnostics(ns, st).kinetic_energy))
 
 
 def main(argv=None):
@@ -82,16 +105,31 @@ def main(argv=None):
     ap.add_argument("--dt", type=float, default=1e-3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
+                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
+                         "--devices of this process, or of all processes started by mpirun/srun")
+    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
     ap.add_argument("--out", default="ns_step_time.json")
     a = ap.parse_args(argv)
-    rows = []
+    if a.transport == "shard":
+        init_distributed()  # several processes under mpirun/srun: one global device mesh
+        comm, counts = None, [int(v) for v in a.devices.split(",")]
+        rank, processes = jax.process_index(), jax.process_count()
+        if min(counts) < processes:
+            ap.error(f"--devices: {processes} processes share one device mesh of at least {processes} devices")
+    else:
+        comm = get_comm()
+        counts, rank, processes = [comm.size], comm.rank, comm.size
+    rows = Results(a.out, "ns_step_time", write=rank == 0)
     for K in a.elements:
-        r = case(K, a.order, a.dt, a.steps, a.backend)
-        print(r, flush=True)
-        rows.append(r)
-    dev = jax.devices()[0]
-    json.dump(dict(experiment="ns_step_time", device=dev.device_kind, jax_version=jax.__version__,
-                   command="python " + " ".join(sys.argv), rows=rows), open(a.out, "w"), indent=1)
+        mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+        for P in counts:
+            where = dict(comm=comm) if comm is not None else dict(devices=P if P > 1 else None)
+            r = case(mesh, K, a.dt, a.steps, a.backend, where)
+            r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
+            rows.append(r)
+            if rank == 0:
+                print(r, flush=True)
 
 
 if __name__ == "__main__":
