@@ -50,7 +50,15 @@ class Results(list):
             with open(self.path, "w") as fh:
                 json.dump(dict(experiment=self.experiment, device=getattr(dev, "device_kind", dev.platform),
                                jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                               command="python " + " ".join(sys.argv), rows=list(self)), fh, indent=1)
+                               command=_launch() + "python " + " ".join(sys.argv), rows=list(self)), fh, indent=1)
+
+
+def _launch() -> str:
+    """``"mpirun -n P "`` when an MPI launcher started P processes, else ``""`` (for the JSON's command)."""
+    from jaxsem.parallel.comm import launcher_size
+
+    n = launcher_size()
+    return f"mpirun -n {n} " if n and n > 1 else ""
 
 
 def _timeit(fn, args, repeats):
