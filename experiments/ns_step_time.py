@@ -36,10 +36,9 @@ import numpy as np
 import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
-from jaxsem.parallel.comm import get_comm, init_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Results  # noqa: E402
+from scaling import Placements, Results, add_transport_args  # noqa: E402
 
 
 def _time(fn, *args, repeats=3):
@@ -105,26 +104,16 @@ def main(argv=None):
     ap.add_argument("--dt", type=float, default=1e-3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
-                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
-                         "--devices of this process, or of all processes started by mpirun/srun")
-    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
+    add_transport_args(ap)
     ap.add_argument("--out", default="ns_step_time.json")
     a = ap.parse_args(argv)
-    if a.transport == "shard":
-        init_distributed()  # several processes under mpirun/srun: one global device mesh
-        comm, counts = None, [int(v) for v in a.devices.split(",")]
-        rank, processes = jax.process_index(), jax.process_count()
-        if min(counts) < processes:
-            ap.error(f"--devices: {processes} processes share one device mesh of at least {processes} devices")
-    else:
-        comm = get_comm()
-        counts, rank, processes = [comm.size], comm.rank, comm.size
+    at = Placements(a, ap)
+    counts, rank, processes = at.counts, at.rank, at.processes
     rows = Results(a.out, "ns_step_time", write=rank == 0)
     for K in a.elements:
         mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
         for P in counts:
-            where = dict(comm=comm) if comm is not None else dict(devices=P if P > 1 else None)
+            where = at.where(P)
             r = case(mesh, K, a.dt, a.steps, a.backend, where)
             r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
             rows.append(r)

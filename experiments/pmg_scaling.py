@@ -33,10 +33,9 @@ from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.mesh.numbering import number_nodes
 from jaxsem.models import poisson
-from jaxsem.parallel.comm import get_comm, init_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Results, parse_sizes  # noqa: E402
+from scaling import Placements, Results, add_transport_args, parse_sizes  # noqa: E402
 
 
 def _seconds(fn, *args):
@@ -47,10 +46,7 @@ def _seconds(fn, *args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
-                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
-                         "--devices of this process, or of all processes started by mpirun/srun")
-    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
+    add_transport_args(ap)
     ap.add_argument("--order", type=int, default=7)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
     ap.add_argument("--tol", type=float, default=1e-8)
@@ -59,15 +55,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"])
     ap.add_argument("--out", default="pmg_scaling.json")
     a = ap.parse_args(argv)
-    if a.transport == "shard":
-        init_distributed()  # several processes under mpirun/srun: one global device mesh
-        comm, counts = None, [int(v) for v in a.devices.split(",")]
-        rank, processes = jax.process_index(), jax.process_count()
-        if min(counts) < processes:
-            ap.error(f"--devices: {processes} processes share one device mesh of at least {processes} devices")
-    else:
-        comm = get_comm()
-        counts, rank, processes = [comm.size], comm.rank, comm.size
+    at = Placements(a, ap)
+    counts, rank, processes = at.counts, at.rank, at.processes
     rows = Results(a.out, "pmg_scaling", write=rank == 0)
     bp = poisson.manufactured(5)
     solve = jax.jit(lambda s, p, b: poisson.solve(s, None, tol=a.tol, maxiter=2000, rhs=b, precond=p))
@@ -76,7 +65,7 @@ def main(argv=None):
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
         for P in counts:
-            where = dict(comm=comm) if comm is not None else dict(devices=P if P > 1 else None)
+            where = at.where(P)
             sem, setup = _seconds(lambda: discretize(mesh, "gll", True, backend=a.backend, numbering=numbering,
                                                      **where))
             b, _ = _seconds(poisson.load, sem, bp.f)

@@ -71,23 +71,48 @@ def _timeit(fn, args, repeats):
     return statistics.median(ts)
 
 
-def run(a):
+def add_transport_args(ap):
+    """``--transport`` and ``--devices``, the same for every scaling script."""
+    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
+                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
+                         "--devices of this process, or of all processes started by mpirun/srun")
+    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
+
+
+class Placements:
+    """Where each run goes, from ``--transport``/``--devices``: ``counts`` (device counts P),
+    ``rank`` and ``processes`` of this process, and :meth:`where` (the ``discretize`` keywords for
+    P). Under mpirun with the shard transport every process joins one device mesh
+    (``init_distributed``); ``ap.error`` if a count is smaller than the processes."""
+
+    def __init__(self, a, ap):
+        from jaxsem.parallel.comm import get_comm, init_distributed
+
+        if a.transport == "shard":
+            init_distributed()
+            self.comm, self.counts = None, [int(v) for v in str(a.devices).split(",")]
+            self.rank, self.processes = jax.process_index(), jax.process_count()
+            if min(self.counts) < self.processes:
+                ap.error(f"--devices: {self.processes} processes share one device mesh of at least "
+                         f"{self.processes} devices")
+        else:
+            self.comm = get_comm()
+            self.counts, self.rank, self.processes = [self.comm.size], self.comm.rank, self.comm.size
+
+    def where(self, P: int) -> dict:
+        return dict(comm=self.comm) if self.comm is not None else dict(devices=P if P > 1 else None)
+
+
+def run(a, ap):
     """BP5 timings for each size and device count: the whole PCG, and per iteration the
     gather–scatter alone and the element operator alone (each in its own loop)."""
     from jaxsem.discretization import discretize
     from jaxsem.mesh import box_mesh
     from jaxsem.mesh.numbering import number_nodes
     from jaxsem.models import poisson
-    from jaxsem.parallel.comm import get_comm, init_distributed
 
-    if a.transport == "shard":
-        init_distributed()  # several processes under mpirun/srun: one global device mesh
-        counts = [int(v) for v in str(a.devices).split(",")]
-        comm = None
-    else:
-        comm = get_comm()
-        counts = [comm.size]
-    rank = jax.process_index() if comm is None else comm.rank
+    at = Placements(a, ap)
+    comm, counts, rank = at.comm, at.counts, at.rank
     rows = Results(a.out, "scaling", write=rank == 0)
     its, reps, f = a.iterations, 20, poisson.manufactured(5).f
     solve = jax.jit(lambda s, b: poisson.solve(s, None, rhs=b, tol=0.0, maxiter=its))
@@ -100,7 +125,7 @@ def run(a):
         numbering = number_nodes(mesh)  # shared by every device count
         for P in counts:
             t0 = time.perf_counter()
-            where = dict(comm=comm) if comm is not None else dict(devices=P if P > 1 else None)
+            where = at.where(P)
             sem = discretize(mesh, "gll", True, backend=a.backend, numbering=numbering, **where)
             b = poisson.load(sem, f)
             jax.block_until_ready((sem, b))
@@ -221,11 +246,7 @@ def plot(paths):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
-                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
-                         "--devices of this process, or of all processes started by mpirun/srun")
-    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4 (one mesh "
-                    "numbering per size, reused)")
+    add_transport_args(ap)
     ap.add_argument("--order", type=int, default=3)
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 16x16x16,32x32x16")
     ap.add_argument("--iterations", type=int, default=100)
@@ -238,7 +259,7 @@ def main(argv=None):
     if a.plot:
         print(json.dumps(plot(a.plot), indent=1))
         return
-    run(a)   # rows are written to --out as they come
+    run(a, ap)   # rows are written to --out as they come
 
 
 if __name__ == "__main__":
