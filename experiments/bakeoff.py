@@ -76,9 +76,9 @@ def run(args):
                                         storage=storage)}
             sem = sems[key]
             variants = [None]
-            if args.bk5a_variants and sem.assembled is not None and prob in ("bp5", "bp6") \
+            if args.assembled_variants and sem.assembled is not None and prob in ("bp3", "bp4", "bp5", "bp6") \
                     and sem.backend.name == "cuda":
-                variants = [(int(v.rstrip("p")), v.endswith("p")) for v in args.bk5a_variants.split(",")]
+                variants = [(int(v.rstrip("p")), v.endswith("p")) for v in args.assembled_variants.split(",")]
             for variant in variants:
                 r = one(args, prob, spec, sem, variant)
                 if r is None:
@@ -98,11 +98,13 @@ def run(args):
 
 
 def one(args, prob, spec, sem, variant):
-    """Time BK/BP ``prob`` on ``sem``; ``variant``: (V, prefetch) of the fused assembled BK5
-    kernel, set in the tuning table while the solve is traced (None: the table's own)."""
+    """Time BK/BP ``prob`` on ``sem``; ``variant``: (V, prefetch) of the fused assembled kernel
+    (bk5a for BP5/BP6, stiffnessa for BP3/BP4), set in the tuning table while the solve is traced
+    (None: the table's own)."""
     from jaxsem.backends import cuda as ck
 
-    key = ("bk5a", sem.order + 1, spec.components > 1, sem.x.dtype.name)
+    op = "bk5a" if spec.quadrature == "gll" else "stiffnessa"
+    key = (op, sem.order + 1, spec.components > 1, sem.x.dtype.name)
     listed = ck.TUNING.get(key)
     if variant is not None:
         ck.TUNING[key] = variant
@@ -163,9 +165,9 @@ def main(argv=None):
                     help="element kernels (auto: CUDA on GPUs, einsum elsewhere)")
     ap.add_argument("--storage", default="auto",
                     help="Krylov storage of the BPs, comma list: auto (assembled on one device), local")
-    ap.add_argument("--bk5a-variants", default="",
-                    help="assembled BP5/BP6 with the CUDA backend: time each variant V (Vp: L2 prefetch on), "
-                         "e.g. 2,4,6")
+    ap.add_argument("--assembled-variants", default="",
+                    help="assembled BP3-BP6 with the CUDA backend: time each variant V of the fused kernel "
+                         "(Vp: L2 prefetch on), e.g. 2,4,6 for bk5a (BP5/6), 8,9,11 for stiffnessa (BP3/4)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)

@@ -47,7 +47,7 @@ def test_q_and_qt_are_transposes_and_from_local_inverts_q():
     np.testing.assert_allclose(assembled.from_local(a, ux, sem.mult), x * free, atol=1e-14)
 
 
-@pytest.mark.parametrize("bp", [1, 3, 5, 6])
+@pytest.mark.parametrize("bp", [1, 3, 4, 5, 6])
 def test_global_operator_is_the_e_vector_operator(bp):
     """Q A_g x = A Q x (A the masked assembled E-vector operator), and A_g is symmetric."""
     sem = _sem(bp)
@@ -67,13 +67,18 @@ def test_global_operator_is_the_e_vector_operator(bp):
     assert float(jnp.max(jnp.abs(Ax * (1 - free)))) == 0.0  # nothing on Dirichlet nodes
 
 
-def test_fused_bk5_form_equals_the_generic_one():
-    """BP5's operator (the fused kernel's form) with a variable h₁ equals Qᵀ A_e Q."""
-    sem = _sem(5)
+@pytest.mark.parametrize("bp", [3, 5])
+def test_fused_stiffness_form_equals_the_generic_one(bp):
+    """BP5's and BP3's operators (the fused kernels' forms) with a variable h₁ equal Qᵀ A_e Q."""
+    sem = _sem(bp)
     a = sem.assembled
     x = jax.random.normal(jax.random.PRNGKey(3), (a.size,))
-    h1 = 1.0 + sem.x[0] ** 2
-    got = EINSUM.stiffness_gll_assembled(x, a.idx, sem.D, sem.geom.G, h1)
+    if bp == 5:
+        h1 = 1.0 + sem.x[0] ** 2
+        got = EINSUM.stiffness_gll_assembled(x, a.idx, sem.D, sem.geom.G, h1)
+    else:  # h₁ on the Gauss points
+        h1 = 1.0 + jnp.cos(jnp.arange(sem.geom.B.size).reshape(sem.geom.B.shape))
+        got = EINSUM.stiffness_assembled(x, a.idx, sem.J, sem.Dt, sem.geom.G, h1)
     want = assembled.scatter(a, poisson.local_operator(sem, h1, 0.0)(assembled.to_local(a, x)))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13 * float(jnp.max(jnp.abs(want))))
 

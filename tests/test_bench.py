@@ -55,7 +55,10 @@ def test_cuda_kernel_record():
     # BP5/BP6 in assembled storage run the fused kernel: its own table row
     assert bench.kernel_record(BK_SPECS[6], "cuda", u3, assembled=True) == dict(
         zip(keys, ck.TUNING["bk5a", 8, True, "float64"] + ("bk5a",)))
-    assert bench.kernel_record(BK_SPECS[3], "cuda", u1, assembled=True)["cuda_op"] == "stiffness"
+    # BP3/BP4 likewise (stiffnessa); BP1/BP2's mass has no assembled kernel
+    assert bench.kernel_record(BK_SPECS[3], "cuda", u1, assembled=True) == dict(
+        zip(keys, ck.TUNING["stiffnessa", 8, False, "float64"] + ("stiffnessa",)))
+    assert bench.kernel_record(BK_SPECS[1], "cuda", u1, assembled=True)["cuda_op"] == "mass"
     assert bench.kernel_record(BK_SPECS[3], "cuda", u1)["cuda_prefetch"] is True  # BK3 p = 7: on
     assert bench.kernel_record(BK_SPECS[5], "einsum", u1) == {}
     r = bench.bench_bk(1, ORDER, ELEMENTS, repeats=1, backend="einsum")

@@ -260,13 +260,14 @@ def _bench(kind, k, order, elements, dtype, deform, bandwidth, progress, timer, 
 def kernel_record(spec, used: str, u, assembled: bool = False) -> dict:
     """For the CUDA kernels, the record of which ran: ``cuda_variant`` and ``cuda_prefetch``
     (:func:`jaxsem.backends.cuda.defaults` for this operator and the E-vector shape of ``u``;
-    ``assembled``: BP5/BP6's fused kernel on assembled vectors, ``"bk5a"``)."""
+    ``assembled``: BP3–BP6's fused kernels on assembled vectors, ``"bk5a"`` and ``"stiffnessa"``)."""
     if used != "cuda":
         return {}
     from ..backends import cuda as ck
 
     op = "bk5" if spec.quadrature == "gll" else spec.operator
-    op = "bk5a" if assembled and op == "bk5" else op
+    if assembled:
+        op = {"bk5": "bk5a", "stiffness": "stiffnessa"}.get(op, op)
     variant, prefetch = ck.defaults(op, u)
     return dict(cuda_variant=variant, cuda_prefetch=prefetch, cuda_op=op)
 

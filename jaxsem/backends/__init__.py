@@ -26,7 +26,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from ..operators.mass import mass
-from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
+from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 
 __all__ = ["Backend", "BACKENDS", "EINSUM", "resolve"]
 
@@ -91,6 +91,15 @@ class Backend:
 
             return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
         return stiffness_gll_assembled(x, idx, D, G, h)
+
+    def stiffness_assembled(self, x, idx, J, Dt, G, h=None):
+        """BK3/BK4 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness(Q x)`` on Gauss points
+        (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`); one CUDA launch."""
+        if self.name == "cuda":
+            from . import cuda
+
+            return cuda.stiffness_assembled_cuda(x, idx, J, Dt, G, h)
+        return stiffness_assembled(x, idx, J, Dt, G, h)
 
 
 EINSUM = Backend("einsum")

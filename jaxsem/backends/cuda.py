@@ -66,18 +66,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..operators.mass import mass
-from ..operators.stiffness import stiffness, stiffness_gll, stiffness_gll_assembled
+from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
-           "stiffness_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
+           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
            "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
 # BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell and advection
-# right-hand sides, BK1/BK2, BK3/BK4 (Gauss, q = n + 1)
-OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness")
+# right-hand sides, BK1/BK2, BK3/BK4 (Gauss, q = n + 1) and the same on assembled vectors
+OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness", "stiffnessa")
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness; for the DG right-hand sides, launch_maxwell and
@@ -96,9 +96,10 @@ OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness")
 #   10    as 8 with registers capped for more blocks: two (BK5/BK6), four (mass)
 #   11    as 8 with the collocated stage's D rows in registers, capped for two blocks
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
-# input through the node map and adding its output into the global vector with atomics.
+# input through the node map and adding its output into the global vector with atomics;
+# stiffnessa (BK3/BK4 on assembled vectors) likewise has stiffness's variants by lines.
 VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2, 3), "advection": (2, 3),
-            "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11)}
+            "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11), "stiffnessa": (8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
 # component asks L2 for the block's elements (sm_90 bulk prefetch; a no-op on older GPUs and for
@@ -146,6 +147,18 @@ def _parse(rows: dict) -> dict:
 
 
 # (op, n, vector form, dtype name) -> (variant, prefetch); read by defaults() when a call is traced.
+def _by_lines(row: str) -> str:
+    """A stiffness row for stiffnessa: the same kernel where it is one by lines, else variant 8."""
+    return " ".join(c if c.rstrip("p") in ("8", "9", "11") else "8" for c in row.split())
+
+
+# stiffnessa, one component in FP64, is tuned on its own (BP3 on an H100,
+# stiffnessa_variants_orders_h100.json); its other forms run the kernel that stiffness's table
+# picks at each n when that one is by lines (the only ones with an assembled form), else variant 8.
+_ROWS.update({("stiffnessa", vector, dtype): _by_lines(row)
+              for (op, vector, dtype), row in list(_ROWS.items()) if op == "stiffness"})
+_ROWS[("stiffnessa", False, "float64")] = "    9    8    8    8    8    9   11   11   11    9    8   11   11   11    8"
+
 TUNING: dict[tuple[str, int, bool, str], tuple[int, bool]] = _parse(_ROWS)
 
 
@@ -438,6 +451,45 @@ def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
     if h1 is not None:
         G = G * h1
     return _apply_assembled(x, idx, D.astype(x.dtype), G.astype(x.dtype), attr)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _apply_stiffness_assembled(x, idx, J, Dt, G, attr):
+    x2 = x.reshape((-1, x.shape[-1]))
+    call = jax.ffi.ffi_call(_ffi_target("stiffnessa", x.dtype, idx.shape[-1]),
+                            jax.ShapeDtypeStruct(x2.shape, x2.dtype), vmap_method="sequential")
+    return call(x2, idx, J, _dq(J, Dt), G, variant=np.int32(attr)).reshape(x.shape)
+
+
+@_apply_stiffness_assembled.defjvp
+def _apply_stiffness_assembled_jvp(attr, primals, tangents):
+    x, idx, J, Dt, G = primals
+    dx, _, dJ, dDt, dG = tangents
+    _, dw = jax.jvp(lambda x, J, Dt, G: stiffness_assembled(x, idx, J, Dt, G), (x, J, Dt, G), (dx, dJ, dDt, dG))
+    return _apply_stiffness_assembled(x, idx, J, Dt, G, attr), dw
+
+
+def stiffness_assembled_cuda(x, idx, J, Dt, G, h1=None):
+    """BK3/BK4 on assembled vectors: ``Qᵀ stiffness(Q x)`` on q = n + 1 Gauss points in one launch.
+
+    ``x: (..., nf)`` one value per global node; ``idx: (E, n, n, n)`` int32 as for
+    :func:`stiffness_gll_assembled_cuda`; ``J, Dt: (n + 1, n)``, ``G: (6, E, q, q, q)``.
+    Returns ``(..., nf)``; as there, the last bits may differ from run to run (atomics).
+    """
+    n = idx.shape[-1]
+    if x.dtype not in (jnp.float32, jnp.float64) or idx.dtype != jnp.int32 or idx.ndim != 4 or not 2 <= n <= MAX_N:
+        raise ValueError(f"stiffness_assembled_cuda supports x: (..., nf) float32/float64 and idx: (E, n, n, n) "
+                         f"int32 with 2 <= n <= {MAX_N}; got x {x.shape} {x.dtype}, idx {idx.shape} {idx.dtype}")
+    if tuple(J.shape) != (n + 1, n) or tuple(Dt.shape) != (n + 1, n):
+        raise ValueError(f"stiffness_assembled_cuda: J and Dt must be ({n + 1}, {n}) for n = {n}, "
+                         f"got {J.shape}, {Dt.shape}")
+    if not cuda_available():
+        raise ValueError("stiffness_assembled_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+    attr = _attr("stiffnessa", jax.ShapeDtypeStruct(x.shape[:-1] + idx.shape, x.dtype))
+    if h1 is not None:
+        G = G * h1
+    return _apply_stiffness_assembled(x, idx, J.astype(x.dtype), Dt.astype(x.dtype), G.astype(x.dtype), attr)
 
 
 def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):

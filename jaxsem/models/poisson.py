@@ -95,17 +95,19 @@ def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
     ``x ↦ Qᵀ(h₁A_e + h₂B_e)Q x`` for ``x: (..., size)``, 0 on Dirichlet nodes (per device
     when sharded; distributed, Qᵀ adds the neighbours' sums of the interface nodes).
 
-    BP5/BP6's collocated stiffness runs as one fused kernel with the CUDA backend (gather,
-    element operator and sum of the copies); other operators as ``Q``, the element kernels
-    of ``sem.backend`` and ``Qᵀ``. Raises ``ValueError`` if ``sem`` has no assembled storage
-    (``storage="local"``).
+    The stiffness alone (BP3–BP6: collocated or on Gauss points) runs as one fused kernel
+    with the CUDA backend (gather, element operator and sum of the copies); other operators
+    as ``Q``, the element kernels of ``sem.backend`` and ``Qᵀ``. Raises ``ValueError`` if
+    ``sem`` has no assembled storage (``storage="local"``).
     """
     a = _require_assembled(sem)
-    if sem.quadrature == "gll" and _is_zero(h2) and not _is_zero(h1):
+    if _is_zero(h2) and not _is_zero(h1):
         h = None if _unit(h1) else h1
-        return lambda x: sem.local_map(
-            lambda s, x: assembled.assemble(s.assembled, s.backend.stiffness_gll_assembled(
-                x, s.assembled.idx, s.D, s.geom.G, h)), x)
+        if sem.quadrature == "gll":
+            op = lambda s, x: s.backend.stiffness_gll_assembled(x, s.assembled.idx, s.D, s.geom.G, h)
+        else:
+            op = lambda s, x: s.backend.stiffness_assembled(x, s.assembled.idx, s.J, s.Dt, s.geom.G, h)
+        return lambda x: sem.local_map(lambda s, x: assembled.assemble(s.assembled, op(s, x)), x)
     return lambda x: sem.local_map(
         lambda s, x: assembled.scatter(s.assembled, _element_apply(s, assembled.to_local(s.assembled, x), h1, h2)), x)
 

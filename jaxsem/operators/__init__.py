@@ -8,13 +8,13 @@ kernels BK1–BK6.
 
 from .tensor import interp, interp_t, grad_ref, grad_ref_t
 from .mass import mass, mass_diagonal
-from .stiffness import (stiffness, stiffness_gll, stiffness_gll_assembled, stiffness_diagonal, helmholtz,
+from .stiffness import (stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled, stiffness_diagonal, helmholtz,
                         helmholtz_diagonal)
 from .bk import BK_SPECS, BKSpec, bk_apply
 
 __all__ = [
     "interp", "interp_t", "grad_ref", "grad_ref_t",
     "mass", "mass_diagonal",
-    "stiffness", "stiffness_gll", "stiffness_gll_assembled", "stiffness_diagonal", "helmholtz", "helmholtz_diagonal",
+    "stiffness", "stiffness_assembled", "stiffness_gll", "stiffness_gll_assembled", "stiffness_diagonal", "helmholtz", "helmholtz_diagonal",
     "BK_SPECS", "BKSpec", "bk_apply",
 ]

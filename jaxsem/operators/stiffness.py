@@ -31,18 +31,31 @@ def stiffness_gll(u, D, G, h1=None):
     return grad_gll_t(*_apply_G(G, *grad_gll(u, D), h1), D)
 
 
-def stiffness_gll_assembled(x, idx, D, G, h1=None):
-    """BK5 on assembled vectors: ``Qᵀ stiffness_gll(Q x)`` for ``x: (..., nf)``, ``(..., nf)``.
-
-    ``Q x`` takes ``x`` at ``idx: (E, n, n, n)`` (the global node of each local node; 0
-    where ``idx`` is out of range, the Dirichlet nodes), ``Qᵀ`` sums the copies of each node
-    (one ``segment_sum`` per component, dropping out-of-range ids).
-    """
+def _on_assembled(x, idx, element_op):
+    """``Qᵀ element_op(Q x)`` for ``x: (..., nf)``: ``Q x`` takes ``x`` at ``idx: (E, n, n, n)``
+    (0 where ``idx`` is out of range, the Dirichlet nodes), ``Qᵀ`` sums the copies of each node
+    (one ``segment_sum`` per component, dropping out-of-range ids)."""
     u = jnp.take(x, idx, axis=-1, mode="fill", fill_value=0)
-    w = stiffness_gll(u, D, G, h1)
+    w = element_op(u)
     ids = idx.reshape(-1)
     sums = [jax.ops.segment_sum(v, ids, num_segments=x.shape[-1]) for v in w.reshape((-1, ids.size))]
     return jnp.stack(sums).reshape(x.shape)
+
+
+def stiffness_gll_assembled(x, idx, D, G, h1=None):
+    """BK5 on assembled vectors: ``Qᵀ stiffness_gll(Q x)`` for ``x: (..., nf)``, ``(..., nf)``
+    (``Q``, ``Qᵀ`` as in :func:`stiffness_assembled`)."""
+    return _on_assembled(x, idx, lambda u: stiffness_gll(u, D, G, h1))
+
+
+def stiffness_assembled(x, idx, J, Dt, G, h1=None):
+    """BK3 on assembled vectors: ``Qᵀ stiffness(Q x)`` for ``x: (..., nf)``, ``(..., nf)``.
+
+    ``Q x`` takes ``x`` at ``idx: (E, n, n, n)`` (the global node of each local node; 0
+    where ``idx`` is out of range, the Dirichlet nodes), ``Qᵀ`` sums the copies of each node;
+    ``J, Dt: (q, n)``, ``G: (6, E, q, q, q)`` as for :func:`stiffness`.
+    """
+    return _on_assembled(x, idx, lambda u: stiffness(u, J, Dt, G, h1))
 
 
 def stiffness_diagonal(J, Dt, G, h1=None):

@@ -556,13 +556,23 @@ __device__ __forceinline__ void cmul_t(const JAXSEM_REAL (&in)[R], JAXSEM_REAL (
 // Forward interpolation by lines: ue (global, N³) → rx[c] = (J⊗J⊗J u)[c][b][a] for thread
 // t = a + Q·b of the Q² threads of an element (phases 1-3 above). A: lines_a_words, S:
 // lines_b_words of this element's shared memory. Barriers inside; on return A and S are free.
-template <int N, int Q>
+// ASM (assembled storage): ue is a component's (nf) vector of global nodes and ie the element's
+// N³ global node numbers; a node outside [0, nf) (Dirichlet) reads 0.
+template <int N, int Q, bool ASM = false>
 __device__ __forceinline__ void lines_forward(const JAXSEM_REAL* __restrict__ ue, bool active, int t,
-                                              JAXSEM_REAL* A, JAXSEM_REAL* S, JAXSEM_REAL (&rx)[Q]) {
+                                              JAXSEM_REAL* A, JAXSEM_REAL* S, JAXSEM_REAL (&rx)[Q],
+                                              const int32_t* __restrict__ ie = nullptr, int64_t nf = 0) {
   using T = JAXSEM_REAL;
   constexpr int RN = odd_len(N), OFF = ops_offset(N), NT = Q * Q, n3 = N * N * N;
   __syncthreads();  // earlier readers of A and S are done
-  for (int x = t; x < n3; x += NT) A[(x / N) * RN + x % N] = active ? ue[x] : T(0);
+  if constexpr (ASM) {
+    for (int x = t; x < n3; x += NT) {
+      const uint32_t g = active ? uint32_t(ie[x]) : uint32_t(nf);
+      A[(x / N) * RN + x % N] = g < nf ? ue[g] : T(0);
+    }
+  } else {
+    for (int x = t; x < n3; x += NT) A[(x / N) * RN + x % N] = active ? ue[x] : T(0);
+  }
   __syncthreads();
   if (t < N * N) {  // phase 1: thread (j, k) = (t % N, t / N)
     const int j = t % N, k = t / N;
@@ -591,10 +601,12 @@ __device__ __forceinline__ void lines_forward(const JAXSEM_REAL* __restrict__ ue
 }
 
 // Transposed interpolation by lines: thread t = a + Q·b holds rv[c] at (c, b, a); writes
-// we = Jᵀ⊗Jᵀ⊗Jᵀ rv (N³). Barriers inside (the first one before it writes S).
-template <int N, int Q>
+// we = Jᵀ⊗Jᵀ⊗Jᵀ rv (N³). Barriers inside (the first one before it writes S). ASM: adds into
+// the component's global vector we at the element's nodes ie (atomics; outside [0, nf) dropped).
+template <int N, int Q, bool ASM = false>
 __device__ __forceinline__ void lines_back(JAXSEM_REAL* __restrict__ we, bool active, int t, JAXSEM_REAL* A,
-                                           JAXSEM_REAL* S, const JAXSEM_REAL (&rv)[Q]) {
+                                           JAXSEM_REAL* S, const JAXSEM_REAL (&rv)[Q],
+                                           const int32_t* __restrict__ ie = nullptr, int64_t nf = 0) {
   using T = JAXSEM_REAL;
   constexpr int RN = odd_len(N), RQ = odd_len(Q), OFF = ops_offset(N), NT = Q * Q, n3 = N * N * N;
   const int a = t % Q, b = t / Q;
@@ -623,8 +635,16 @@ __device__ __forceinline__ void lines_back(JAXSEM_REAL* __restrict__ we, bool ac
     for (int i = 0; i < N; ++i) S[t * RN + i] = out[i];
   }
   __syncthreads();
-  if (active)
-    for (int x = t; x < n3; x += NT) we[x] = S[(x / N) * RN + x % N];
+  if constexpr (ASM) {
+    if (active)
+      for (int x = t; x < n3; x += NT) {
+        const uint32_t g = uint32_t(ie[x]);
+        if (g < nf) atomicAdd(we + g, S[(x / N) * RN + x % N]);
+      }
+  } else {
+    if (active)
+      for (int x = t; x < n3; x += NT) we[x] = S[(x / N) * RN + x % N];
+  }
 }
 
 template <int N, int Q, int MINB>
@@ -652,11 +672,14 @@ mass_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, 
 }
 
 // BK3/BK4 with the interpolations by lines around the collocated stage (OPT_CONST, or with
-// OPT_ROWS the D rows in registers).
-template <int N, int Q, int MINB, int OPT = OPT_CONST>
+// OPT_ROWS the D rows in registers). ASM (assembled storage, op "stiffnessa"): u and w are (C, nf)
+// vectors of global nodes and idx (E, n³) the global node of each local one, as for bk5a: the
+// element gathers its input through idx and adds its output into w with atomics (w zeroed first).
+template <int N, int Q, int MINB, int OPT = OPT_CONST, bool ASM = false>
 __global__ void __launch_bounds__(Q * Q * elements_per_block<Q>(), MINB)
 stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Dq,
-                       const JAXSEM_REAL* __restrict__ G, JAXSEM_REAL* __restrict__ w) {
+                       const JAXSEM_REAL* __restrict__ G, JAXSEM_REAL* __restrict__ w,
+                       const int32_t* __restrict__ idx = nullptr, int64_t nf = 0) {
   using T = JAXSEM_REAL;
   constexpr int EB = elements_per_block<Q>();
   constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
@@ -671,7 +694,7 @@ stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict_
   T* X = R;
   T* GR = R + q3;
   T* GS = R + 2 * q3;
-  prefetch_block<EB>(l2, t + Q * Q * z, E, C, u, n3, G, 6, E * q3, q3);
+  prefetch_block<EB>(l2, t + Q * Q * z, E, ASM ? 0 : C, u, n3, G, 6, E * q3, q3);
   for (int x = t + Q * Q * z; x < Q * Q; x += Q * Q * EB) {
     sD[x] = Dq[x];
     sDt[(x % Q) * Q + x / Q] = Dq[x];
@@ -682,14 +705,20 @@ stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict_
   const int64_t gstride = E * q3;
   for (int c = 0; c < C; ++c) {
     T rx[Q], rw[Q];
-    lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, rx);
+    if constexpr (ASM)
+      lines_forward<N, Q, true>(u + c * nf, active, t, A, S, rx, idx + ee * n3, nf);
+    else
+      lines_forward<N, Q>(u + (c * E + ee) * n3, active, t, A, S, rx);
     __syncthreads();  // phase 3's reads of A done before X overwrites the region
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
     collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, G + ee * q3 + t, gstride,
                                 active, a, b, GR, GS, rw);
-    lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
+    if constexpr (ASM)
+      lines_back<N, Q, true>(w + c * nf, active, t, A, S, rw, idx + ee * n3, nf);
+    else
+      lines_back<N, Q>(w + (c * E + ee) * n3, active, t, A, S, rw);
   }
 }
 
@@ -1189,7 +1218,7 @@ bool launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
     const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
     auto kernel = stiffness_lines_kernel<N, Q, decltype(minb)::value, decltype(opt)::value>;
     allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w, nullptr, 0);
   };
   switch (variant) {
     case 2: element(Int<0>{}); return true;
@@ -1197,6 +1226,33 @@ bool launch_stiffness(const Launch<T>& L, int variant, const T* u, const T* J, c
     case 8: lines(Int<0>{}, Int<OPT_CONST>{}); return true;
     case 9: lines(Int<3>{}, Int<OPT_CONST>{}); return true;              // capped for three blocks
     case 11: lines(Int<2>{}, Int<OPT_CONST | OPT_ROWS>{}); return true;  // D rows in registers, two blocks
+    default: return false;
+  }
+}
+
+// BK3/BK4 in assembled storage (stiffness_lines_kernel with ASM): u, w (C, nf), idx (E, n³); w
+// is zeroed here, then the variants by lines add into it.
+template <int N, typename T>
+bool launch_stiffnessa(const Launch<T>& L, int variant, int64_t nf, const T* u, const int32_t* idx, const T* J,
+                       const T* Dq, const T* G, T* w) {
+  constexpr int Q = N + 1;
+  constexpr int EB = elements_per_block<Q>();
+  dim3 block(Q, Q, EB), grid(unsigned((L.E + EB - 1) / EB));
+  if (cudaMemsetAsync(w, 0, sizeof(T) * size_t(L.C) * size_t(nf), L.stream) != cudaSuccess) return true;
+  auto lines = [&](auto minb, auto opt) {
+    copy_ops(J, Q * N, ops_offset(N), L.stream);
+    copy_ops(Dq, Q * Q, ops_offset(N) + Q * N, L.stream);
+    constexpr int words = lines_a_words<N, Q>() + lines_b_words<N, Q>();
+    constexpr int region = 3 * Q * Q * Q > words ? 3 * Q * Q * Q : words;
+    const size_t smem = sizeof(T) * (2 * Q * Q + EB * region);
+    auto kernel = stiffness_lines_kernel<N, Q, decltype(minb)::value, decltype(opt)::value, true>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, Dq, G, w, idx, nf);
+  };
+  switch (variant) {
+    case 8: lines(Int<0>{}, Int<OPT_CONST>{}); return true;
+    case 9: lines(Int<3>{}, Int<OPT_CONST>{}); return true;
+    case 11: lines(Int<2>{}, Int<OPT_CONST | OPT_ROWS>{}); return true;
     default: return false;
   }
 }
@@ -1258,6 +1314,21 @@ ffi::Error bk5_assembled_typed(cudaStream_t st, int variant, int64_t C, int64_t 
 }
 
 template <typename T>
+ffi::Error stiffness_assembled_typed(cudaStream_t st, int variant, int64_t C, int64_t nf, int64_t E,
+                                     const ffi::AnyBuffer& u, const ffi::AnyBuffer& idx, const ffi::AnyBuffer& J,
+                                     const ffi::AnyBuffer& Dq, const ffi::AnyBuffer& G, ffi::Result<ffi::AnyBuffer>& w) {
+  Launch<T> L{st, E, int(C), (variant & PREFETCH_L2) != 0};
+  variant &= ~PREFETCH_L2;
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pi = static_cast<const int32_t*>(idx.untyped_data());
+  auto pJ = static_cast<const T*>(J.untyped_data());
+  auto pDq = static_cast<const T*>(Dq.untyped_data());
+  auto pG = static_cast<const T*>(G.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+  return finish(launch_stiffnessa<JAXSEM_N, T>(L, variant, nf, pu, pi, pJ, pDq, pG, pw));
+}
+
+template <typename T>
 ffi::Error mass_typed(cudaStream_t st, int variant, const Shape& s, const ffi::AnyBuffer& u, const ffi::AnyBuffer& J,
                       const ffi::AnyBuffer& B, ffi::Result<ffi::AnyBuffer>& w) {
   Launch<T> L{st, s.E, int(s.C), (variant & PREFETCH_L2) != 0};
@@ -1298,6 +1369,26 @@ ffi::Error check(const ffi::AnyBuffer& u, Shape& s) {
   return ffi::Error::Success();
 }
 
+#if defined(JAXSEM_N)
+// Assembled storage (bk5a, stiffnessa): u, w (C, nf) vectors of global nodes; idx (E, n, n, n)
+// int32, the global node of each local node (outside [0, nf): a Dirichlet node).
+struct AsmShape {
+  int64_t C, nf, E;
+};
+
+ffi::Error check_assembled(const ffi::AnyBuffer& u, const ffi::AnyBuffer& idx, AsmShape& s) {
+  auto d = u.dimensions();
+  auto di = idx.dimensions();
+  if (d.size() != 2) return ffi::Error::InvalidArgument("jaxsem assembled kernel: u must be (C, nf)");
+  if (u.element_type() != real_type())
+    return ffi::Error::InvalidArgument("jaxsem assembled kernel: this library was built for another dtype");
+  if (idx.element_type() != ffi::DataType::S32 || di.size() != 4 || di[3] != JAXSEM_N)
+    return ffi::Error::InvalidArgument("jaxsem assembled kernel: idx must be (E, n, n, n) int32 with this library's n");
+  s = AsmShape{d[0], d[1], di[0]};
+  return ffi::Error::Success();
+}
+#endif
+
 #if defined(JAXSEM_OP_BK5)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer D, ffi::AnyBuffer G,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1308,22 +1399,26 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_BK5A)
-// u, w: (C, nf) assembled vectors; idx: (E, n, n, n) int32 global node per local node (outside
-// [0, nf): a Dirichlet node).
+// u, w: (C, nf); idx: (E, n, n, n) (check_assembled).
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer idx, ffi::AnyBuffer D,
                        ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
-  auto d = u.dimensions();
-  auto di = idx.dimensions();
-  if (d.size() != 2) return ffi::Error::InvalidArgument("jaxsem bk5a: u must be (C, nf)");
-  if (u.element_type() != real_type())
-    return ffi::Error::InvalidArgument("jaxsem bk5a: this library was built for another dtype");
-  if (idx.element_type() != ffi::DataType::S32 || di.size() != 4 || di[3] != JAXSEM_N)
-    return ffi::Error::InvalidArgument("jaxsem bk5a: idx must be (E, n, n, n) int32 with this library's n");
-  const int64_t C = d[0], nf = d[1], E = di[0];
-  if (C == 0 || nf == 0) return ffi::Error::Success();
-  return bk5_assembled_typed<JAXSEM_REAL>(st, variant, C, nf, E, u, idx, D, G, w);
+  AsmShape s;
+  if (auto err = check_assembled(u, idx, s); err.failure()) return err;
+  if (s.C == 0 || s.nf == 0) return ffi::Error::Success();
+  return bk5_assembled_typed<JAXSEM_REAL>(st, variant, s.C, s.nf, s.E, u, idx, D, G, w);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_STIFFNESSA)
+// u, w: (C, nf); idx: (E, n, n, n) (check_assembled); J, Dq: (n + 1, n), (n + 1, n + 1); G: (6, E, q, q, q).
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer idx, ffi::AnyBuffer J,
+                       ffi::AnyBuffer Dq, ffi::AnyBuffer G, ffi::Result<ffi::AnyBuffer> w) {
+  AsmShape s;
+  if (auto err = check_assembled(u, idx, s); err.failure()) return err;
+  if (s.C == 0 || s.nf == 0) return ffi::Error::Success();
+  return stiffness_assembled_typed<JAXSEM_REAL>(st, variant, s.C, s.nf, s.E, u, idx, J, Dq, G, w);
+}
+#define JAXSEM_ARGS \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MAXWELL)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t pmc, ffi::AnyBuffer q,
                        ffi::AnyBuffer D, ffi::AnyBuffer rx, ffi::AnyBuffer eps, ffi::AnyBuffer mu,
@@ -1446,7 +1541,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _ADVECTION, _MASS, _STIFFNESS, _GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _ADVECTION, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
 #endif
 
 }  // namespace
@@ -1456,7 +1551,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|ADVECTION|MASS|STIFFNESS|GS
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|ADVECTION|MASS|STIFFNESS|STIFFNESSA|GS
 // -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
