@@ -152,9 +152,9 @@ def _by_lines(row: str) -> str:
     return " ".join(c if c.rstrip("p") in ("8", "9", "11") else "8" for c in row.split())
 
 
-# stiffnessa, one component in FP64, is tuned on its own (BP3 on an H100,
-# stiffnessa_variants_orders_h100.json); its other forms run the kernel that stiffness's table
-# picks at each n when that one is by lines (the only ones with an assembled form), else variant 8.
+# stiffnessa, one component in FP64, is tuned on its own (BP3 on an H100, docs/kernels.md); its
+# other forms run the kernel that stiffness's table picks at each n when that one is by lines
+# (the only ones with an assembled form), else variant 8.
 _ROWS.update({("stiffnessa", vector, dtype): _by_lines(row)
               for (op, vector, dtype), row in list(_ROWS.items()) if op == "stiffness"})
 _ROWS[("stiffnessa", False, "float64")] = "    9    8    8    8    8    9   11   11   11    9    8   11   11   11    8"

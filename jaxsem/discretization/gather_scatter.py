@@ -255,8 +255,7 @@ def gs_apply(plan: GatherScatter, u):
     if lead:
         # one segment_sum over all components, component c's nodes shifted to [c·N, (c+1)·N):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
-        # u to (L, C) first, a full extra read and write of u (ncu, BP6 on an H100: 0.40 of 6.0 ms
-        # per PCG iteration, experiments/results/profile_bp6_h100.json)
+        # u to (L, C) first, a full extra read and write of u (docs/performance.md, gather-scatter)
         s = _component_sums(u.reshape((int(np.prod(lead)), -1)), plan.gid, plan.num_global)
     else:
         s = _qt(plan, u.reshape(-1))
