@@ -28,23 +28,12 @@ if has check; then
     python -m pytest tests/test_cuda_kernels.py tests/test_assembled.py -q -x -p no:cacheprovider \
         -k "assembled or solve_with or table" 2>&1 | tail -4
 fi
-if has bk5a; then
-    python experiments/bakeoff.py --problems bp5 --backend auto --storage auto --orders 7 --target-points 1.12e7 \
-        --assembled-variants "${VARIANTS:-2,4,5,6,7,2p,6p}" --repeats 6 --out "$OUT/bk5a_variants_p7_$TAG.json"
-fi
-if has bp5; then
-    python experiments/bakeoff.py --problems bp5 --backend auto --storage auto,local --orders "$ORDERS" \
-        --target-points 1.12e7 --repeats 6 --out "$OUT/bp5_assembled_$TAG.json"
-fi
-if has stiffnessa; then
-    python experiments/bakeoff.py --problems bp3 --backend auto --storage auto --orders 7 --target-points 1.12e7 \
-        --assembled-variants "${VARIANTS_BK3:-8,9,11,8p,9p,11p}" --repeats 6 --out "$OUT/stiffnessa_variants_p7_$TAG.json"
-fi
-if has bp3; then
-    python experiments/bakeoff.py --problems bp3 --backend auto --storage auto,local --orders "$ORDERS" \
-        --target-points 1.12e7 --repeats 6 --out "$OUT/bp3_assembled_$TAG.json"
-fi
-if has bp4; then
-    python experiments/bakeoff.py --problems bp4 --backend auto --storage auto,local --orders 7 \
-        --target-points 1.12e7 --repeats 6 --out "$OUT/bp4_assembled_p7_$TAG.json"
-fi
+bake() { python experiments/bakeoff.py --backend auto --target-points 1.12e7 --repeats 6 "$@"; }
+has bk5a && bake --problems bp5 --storage auto --orders 7 --assembled-variants "${VARIANTS:-2,4,5,6,7,2p,6p}" \
+    --out "$OUT/bk5a_variants_p7_$TAG.json"
+has bp5 && bake --problems bp5 --storage auto,local --orders "$ORDERS" --out "$OUT/bp5_assembled_$TAG.json"
+has stiffnessa && bake --problems bp3 --storage auto --orders 7 --assembled-variants "${VARIANTS_BK3:-8,9,11,8p,9p,11p}" \
+    --out "$OUT/stiffnessa_variants_p7_$TAG.json"
+has bp3 && bake --problems bp3 --storage auto,local --orders "$ORDERS" --out "$OUT/bp3_assembled_$TAG.json"
+has bp4 && bake --problems bp4 --storage auto,local --orders 7 --out "$OUT/bp4_assembled_p7_$TAG.json"
+true

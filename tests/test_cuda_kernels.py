@@ -104,6 +104,11 @@ def test_bad_calls_are_clear_errors(monkeypatch):
             ck.mass_cuda(u, J, B)
     with pytest.raises(ValueError, match="n <= 16"):
         ck.stiffness_gll_cuda(jnp.zeros((2, 17, 17, 17)), jnp.eye(17), jnp.zeros((6, 2, 17, 17, 17)))
+    idx = jnp.zeros((3, 3, 3, 3), jnp.int32)  # assembled BK3: J, Dt must be (n + 1, n) for idx's n
+    with pytest.raises(ValueError, match=re.escape("J and Dt must be (4, 3) for n = 3")):
+        ck.stiffness_assembled_cuda(jnp.zeros(10), idx, jnp.zeros((5, 3)), jnp.zeros((5, 3)), G)
+    with pytest.raises(ValueError, match="idx: \\(E, n, n, n\\) int32"):
+        ck.stiffness_assembled_cuda(jnp.zeros(10), idx.astype(jnp.float32), J, Dt, G)
     monkeypatch.setitem(ck.TUNING, ("stiffness", 3, False, "float64"), (1, False))  # no slice kernel
     with pytest.raises(ValueError, match=re.escape(f"stiffness has variants {ck.VARIANTS['stiffness']}")):
         ck.stiffness_cuda(u, J, Dt, G)
