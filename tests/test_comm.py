@@ -88,6 +88,23 @@ def test_comm_validation():
         allreduce_sum(jnp.ones(2), None)
 
 
+def test_collective_names_are_checked_before_any_work():
+    """A bad ``collective`` is a ValueError naming it, from discretize, discretize_dg and ShardComm;
+    "auto" resolves to one of the two real collectives for every device count."""
+    from jaxsem.discretization import discretize, discretize_dg
+    from jaxsem.mesh import box_mesh
+    from jaxsem.parallel.comm import COLLECTIVES, ShardComm, resolve_collective
+
+    mesh = box_mesh(1, 1)
+    for build in (discretize, discretize_dg):
+        with pytest.raises(ValueError, match="collective must be one of"):
+            build(mesh, collective="alltoall")
+    with pytest.raises(ValueError, match="collective must be one of"):
+        ShardComm(size=2, collective="auto")  # resolved before a transport is made
+    assert {resolve_collective("auto", P) for P in range(1, 17)} <= set(COLLECTIVES[1:])
+    assert resolve_collective("all_to_all", 4) == "all_to_all"
+
+
 def test_ops_are_identities_in_jit_and_loops():
     comm = Comm(0, 1)
     x = jnp.arange(6.0).reshape(2, 3)

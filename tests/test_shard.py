@@ -10,7 +10,8 @@ an uneven partition ((5, 3, 1) elements) and a solve on a periodic mesh equal
 serial (Krylov vectors in assembled storage, and as E-vectors); the bake-off's
 fixed-iteration run on assembled vectors split over the devices has the serial residual
 history; and jax.grad through a sharded solve w.r.t. the source values at the
-quadrature points equals the serial gradient to 1e-11.
+quadrature points equals the serial gradient to 1e-11. At P = 4 the same with the
+exchange as one all_to_all instead of ppermute rounds.
 
 The MPI backend is checked against the same serial results in
 tests/mpi/test_distributed.py (same meshes, same tolerances), so equality with
@@ -101,6 +102,20 @@ def test_sharded_dg_equals_serial(results, P):
         assert res[f"advection_{schedule}_err"] < 1e-12, res
         assert res[f"advection_{schedule}_dummies_zero"], res
     assert res["maxwell_rhs_err"] < 1e-12, res
+
+
+def test_all_to_all_equals_rounds(results):
+    """P = 4: the exchange as one all_to_all (collective="all_to_all") gives the ppermute rounds'
+    values bitwise (gather–scatter with ≥ 2 rounds, periodic and uneven) and serial's for a BP5
+    solve, its gradient and a Maxwell right-hand side."""
+    rc, res, text = results[4]
+    assert res is not None, text[-4000:]
+    for name in ("a2a_gs_periodic_xy", "a2a_gs_uneven"):
+        assert res[f"{name}_collective_all_to_all"] == "all_to_all" and res[f"{name}_rounds"] >= 2, res
+        assert res[f"{name}_err"] < 1e-13 and res[f"{name}_ppermute_diff"] == 0.0, res
+    assert res["a2a_bp5_fixed17_iterations"] == [17, 17] and res["a2a_bp5_fixed17_err"] < 1e-12, res
+    assert res["a2a_periodic_loss_err"] < 1e-12 and res["a2a_grad_f_err"] < 1e-11, res
+    assert res["a2a_maxwell_rhs_err"] < 1e-12, res
 
 
 def test_cli_devices_equals_serial():

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..backends import Backend, resolve as resolve_backend
 from ..core import basis
-from ..parallel.comm import Comm
+from ..parallel.comm import Comm, resolve_collective
 from . import shard
 from .base import Discretization
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed, received_positions
@@ -281,6 +281,7 @@ def discretize_dg(
     partition: np.ndarray | None = None,
     devices=None,
     backend: str | Backend = "auto",
+    collective: str = "auto",
 ) -> DG:
     """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
 
@@ -294,7 +295,8 @@ def discretize_dg(
     ``devices``: several devices (as :func:`jaxsem.discretize`): global arrays split
     over them along the element axis, JAX's own transport. ``backend``: ``"auto"`` (the fused
     CUDA kernel where it runs, on one device), ``"einsum"`` or ``"cuda"`` (see
-    :mod:`jaxsem.backends`); resolved here, once.
+    :mod:`jaxsem.backends`); resolved here, once. ``collective``: with ``devices``, the
+    face exchange's collective, as :func:`jaxsem.discretize`.
 
     Raises ``ValueError`` for an inverted element (from
     :func:`jaxsem.geometry.geometric_factors`), a bad dtype or a bad partition.
@@ -304,6 +306,7 @@ def discretize_dg(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    resolve_collective(collective, 1)  # a bad name fails here, before any work
     conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
     if devices is not None and not (isinstance(devices, (int, np.integer)) and devices == 1):
         if comm is not None:
@@ -311,7 +314,7 @@ def discretize_dg(
         return shard.distribute(
             lambda c, part: discretize_dg(mesh, dtype, numbering, conn, c, part, backend=backend), mesh, devices,
             partition,
-            pad_extra=_pad_halo)
+            pad_extra=_pad_halo, collective=collective)
     comm = Comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm must be a jaxsem.parallel.Comm, got {type(comm).__name__} "

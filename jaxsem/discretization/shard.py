@@ -34,11 +34,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..mesh.partition import partition_mesh
-from ..parallel.comm import Comm, ShardComm, element_specs
+from ..parallel.comm import Comm, ShardComm, element_specs, resolve_collective
 from .assembled import Assembled
 from .gather_scatter import Exchange, GatherScatter
 
-__all__ = ["device_mesh", "distribute", "to_mesh_order", "from_mesh_order", "placement_of", "AXIS"]
+__all__ = ["device_mesh", "distribute", "to_mesh_order", "from_mesh_order", "placement_of", "replicated", "AXIS"]
 
 AXIS = "elements"
 
@@ -79,7 +79,8 @@ def _partition(mesh, P: int, partition) -> np.ndarray:
     return part
 
 
-def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: Callable | None = None):
+def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: Callable | None = None,
+               collective: str = "auto"):
     """Build a discretization over ``devices`` from its rank parts.
 
     Args:
@@ -90,13 +91,17 @@ def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: C
       partition: ``(E,)`` rank of each element (default :func:`partition_mesh`).
       pad_extra: ``pad_extra(parts, padded, sizes)`` → the padded parts with the
         fields the generic rules do not cover (DG's halo lists).
+      collective: the exchange's collective (:data:`jaxsem.parallel.comm.COLLECTIVES`):
+        ``"ppermute"`` (one per round of rank pairs), ``"all_to_all"`` (one for all
+        rounds) or ``"auto"`` (the faster measured for this device count).
     Returns the discretization with global arrays and ``comm = ShardComm``.
     """
     dmesh = device_mesh(devices)
     P = dmesh.devices.size
+    collective = resolve_collective(collective, P)
     part = _partition(mesh, P, partition)
     parts = [build_rank(Comm(rank=r, size=P), part) for r in range(P)]
-    comm = ShardComm(axis_name=dmesh.axis_names[0], size=P, mesh=dmesh)
+    comm = ShardComm(axis_name=dmesh.axis_names[0], size=P, mesh=dmesh, collective=collective)
     sizes = _sizes(parts)
     padded = [_pad(p, sizes, comm) for p in parts]
     if pad_extra is not None:
@@ -253,6 +258,23 @@ def from_mesh_order(disc, u, axis: int = -4, fill: float = 0.0):
     return jax.make_array_from_callback(out.shape, sharding, lambda index: out[index])
 
 
+def replicated(disc, tree):
+    """The arrays of ``tree`` (values that are the same everywhere: times, counters, a time
+    series) replicated over ``disc``'s devices, as its jitted programs return them, so that a
+    program is not compiled once more for its own outputs; on the default device unless
+    ``disc`` is sharded."""
+    comm = disc.comm
+    if not isinstance(comm, ShardComm) or comm.mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tree)
+    sharding = NamedSharding(comm.mesh, jax.sharding.PartitionSpec())
+
+    def put(x):
+        v = np.asarray(x)
+        return jax.make_array_from_callback(v.shape, sharding, lambda index: v[index])
+
+    return jax.tree.map(put, tree)
+
+
 def placement_of(disc, mesh, partition=None) -> dict:
     """``discretize`` keywords that put another discretization of ``mesh`` (same elements,
     e.g. another order) where ``disc``'s elements are: same devices and blocks, or the
@@ -264,7 +286,7 @@ def placement_of(disc, mesh, partition=None) -> dict:
         part = np.zeros(mesh.num_elements, np.int64)
         for r, block in enumerate(np.split(el, comm.size)):
             part[block[block >= 0]] = r
-        return dict(devices=comm.mesh, partition=part)
+        return dict(devices=comm.mesh, partition=part, collective=comm.collective)
     if comm.size > 1:
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         return dict(comm=comm, partition=part)

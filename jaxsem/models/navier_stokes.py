@@ -39,6 +39,7 @@ import numpy as np
 from ..core import basis
 from ..core import geometry as geo
 from ..discretization.sem import SEM, discretize
+from ..discretization.shard import replicated
 from ..mesh.box import Mesh
 from ..operators import stiffness_diagonal
 from ..operators.tensor import grad_gll, grad_gll_t, interp, interp_t
@@ -202,7 +203,7 @@ def _all_free(sem):
 
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
           options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
-          partition=None) -> NavierStokes:
+          partition=None, collective: str = "auto") -> NavierStokes:
     """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
 
     Args:
@@ -213,7 +214,7 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
       boundary: Dirichlet velocity data ``u_b(x, y, z, t) -> (3, ...)`` written with jnp,
         or None (no-slip walls); unused on a fully periodic mesh.
       options: :class:`NSOptions`.
-      backend, devices, comm, partition: as :func:`jaxsem.discretize`.
+      backend, devices, comm, partition, collective: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt`` or ``boundary``.
     """
     if not isinstance(mesh, Mesh):
@@ -226,7 +227,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
         raise TypeError(f"boundary must be None or a callable u_b(x, y, z, t) -> (3, ...), got {boundary!r}")
     if not isinstance(options, NSOptions):
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
-    sem = discretize(mesh, dirichlet=True, backend=backend, devices=devices, comm=comm, partition=partition)
+    sem = discretize(mesh, dirichlet=True, backend=backend, devices=devices, comm=comm, partition=partition,
+                     collective=collective)
     walls = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
     psem = dataclasses.replace(sem, mask=jnp.broadcast_to(sem.valid, sem.mask.shape) * jnp.ones_like(sem.mask),
                                assembled=_all_free(sem)) if walls else sem
@@ -423,8 +425,8 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
     U = jnp.stack(levels + [levels[-1]] * (k - len(levels)))
     F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _convection(ns_, s_, v), ns, U[i]) for i in range(1, k)]
                   + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
-    return State(U=U, F=F, P=jnp.zeros((k,) + s.mask.shape, U.dtype), step=jnp.asarray(0, jnp.int32),
-                 t=jnp.asarray(t0, s.x.dtype), past=jnp.asarray(len(levels) - 1, jnp.int32))
+    step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
+    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_)
 
 
 def _nodal(ns: NavierStokes, u, t, name):
@@ -550,7 +552,8 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     if chunk < 1:
         raise ValueError(f"sample_interval = {sample_interval} is shorter than dt = {ns.dt}")
     samples = -(-num_steps // chunk)
-    rows = jnp.zeros((samples + 1, _COLUMNS), state.t.dtype).at[0].set(_row0(ns, state))
+    rows = replicated(ns.sem, np.zeros((samples + 1, _COLUMNS), state.t.dtype))
+    rows = rows.at[0].set(_row0(ns, state))
     o = ns.options
     label = f"BDF{o.time_order}/EXT{o.time_order} Navier-Stokes"
     meta = dict(options.meta, nu=float(ns.nu), order=ns.sem.order, nodes=int(ns.sem.num_global),

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-__all__ = ["Transport", "Comm", "ShardComm", "Blocks", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
+__all__ = ["Transport", "Comm", "ShardComm", "COLLECTIVES", "resolve_collective", "Blocks", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
            "allreduce_sum", "allreduce_max", "sendrecv"]
 
 # Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
@@ -239,13 +239,18 @@ class ShardComm(Transport):
     :meth:`local_map` enters ``shard_map`` (element arrays split by
     :func:`element_specs`). Inside, each device sees its block: :meth:`allreduce`
     is ``psum``/``pmax`` and :meth:`exchange` one ``ppermute`` per round of rank
-    pairs. Several processes (``jax.distributed``) share one global mesh, so the
+    pairs, or one ``all_to_all`` for all rounds (``collective``, static). Several processes (``jax.distributed``) share one global mesh, so the
     same program spans hosts. Static (no leaves).
     """
 
     axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
     size: int = dataclasses.field(default=1, metadata=dict(static=True))
     mesh: object = dataclasses.field(default=None, metadata=dict(static=True))
+    collective: str = dataclasses.field(default="ppermute", metadata=dict(static=True))
+
+    def __post_init__(self):
+        if self.collective not in COLLECTIVES[1:]:
+            raise ValueError(f"collective must be one of {COLLECTIVES[1:]}, got {self.collective!r}")
 
     @property
     def name(self) -> str:
@@ -266,8 +271,12 @@ class ShardComm(Transport):
         return (jax.lax.psum if op == "sum" else jax.lax.pmax)(x, self.axis_name)
 
     def exchange(self, ex, bufs):
-        return [jax.lax.ppermute(buf, self.axis_name, [(a, b) for a, b in rnd] + [(b, a) for a, b in rnd])
-                for rnd, buf in zip(ex.rounds, bufs)]
+        """Every round's messages: one ``ppermute`` per round (``collective="ppermute"``) or all
+        rounds in one ``all_to_all`` (``"all_to_all"``; the same values, one collective)."""
+        perms = [[(a, b) for a, b in rnd] + [(b, a) for a, b in rnd] for rnd in ex.rounds]
+        if self.collective == "ppermute" or len(bufs) < 2:
+            return [jax.lax.ppermute(buf, self.axis_name, perm) for perm, buf in zip(perms, bufs)]
+        return _all_to_all_rounds(bufs, perms, self.axis_name, self.size)
 
     def local_map(self, fn, *args):
         """``fn(*args)`` on each device's block, as ``jax.shard_map`` (directly when already inside).
@@ -311,6 +320,46 @@ class Blocks:
     global array is the blocks concatenated); serial and MPI hold them as they are."""
 
     value: object = dataclasses.field(metadata=dict(blocks=True))
+
+
+COLLECTIVES = ("auto", "ppermute", "all_to_all")
+
+# The sharded exchange's collective by device count P where "auto" is asked for (the faster of the
+# two in the several-GPU runs, docs/multi-gpu.md); P not listed: "ppermute".
+_AUTO_COLLECTIVE: dict[int, str] = {}
+
+
+def resolve_collective(collective: str, size: int) -> str:
+    """``collective`` (one of :data:`COLLECTIVES`) for ``size`` devices, ``"auto"`` resolved."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+    return _AUTO_COLLECTIVE.get(size, "ppermute") if collective == "auto" else collective
+
+
+def _all_to_all_rounds(bufs, perms, axis_name: str, size: int):
+    """The messages of every round in one ``lax.all_to_all`` (inside ``shard_map``).
+
+    ``bufs[r]: (..., k_r)`` goes to this device's partner in round r (``perms[r]``: the
+    round's (source, destination) pairs); what each partner sent comes back in the same
+    order, zeros where this device sits out a round (as ``ppermute`` gives). Each message
+    is padded to the longest, so the one collective moves ``size × max k_r`` values.
+    """
+    me = jax.lax.axis_index(axis_name)
+    k = max(int(b.shape[-1]) for b in bufs)
+    lead = bufs[0].shape[:-1]
+    send = jnp.zeros(lead + (size + 1, k), bufs[0].dtype)  # row `size`: rounds this device sits out
+    rows = []
+    for perm, buf in zip(perms, bufs):
+        dest = np.full(size, size, np.int32)
+        for a, b in perm:
+            dest[a] = b
+        row = jnp.asarray(dest)[me]
+        send = send.at[..., row, : buf.shape[-1]].set(buf)
+        rows.append(row)
+    axis = len(lead)
+    recv = jax.lax.all_to_all(send[..., :size, :], axis_name, split_axis=axis, concat_axis=axis)
+    recv = jnp.concatenate([recv, jnp.zeros(lead + (1, k), recv.dtype)], axis=axis)
+    return [recv[..., row, : buf.shape[-1]] for row, buf in zip(rows, bufs)]
 
 
 def _check_op(op):
