@@ -38,7 +38,7 @@ from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Placements, Results, add_transport_args  # noqa: E402
+from scaling import Placements, Results, add_transport_args, collective_of  # noqa: E402
 
 
 def _time(fn, *args, repeats=3):
@@ -88,7 +88,7 @@ def case(mesh, K, dt, steps, backend, where):
     t_v = _time(vsolve, ns, bv, x0)
     pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
     p = mesh.order
-    return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
+    return dict(transport=ns.sem.comm.name, collective=collective_of(ns.sem), backend=ns.sem.backend.name, elements=K, order=p,
                 points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
                 convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
                 pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
@@ -112,8 +112,7 @@ def main(argv=None):
     rows = Results(a.out, "ns_step_time", write=rank == 0)
     for K in a.elements:
         mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
-        for P in counts:
-            where = at.where(P)
+        for P, where in ((P, w) for P in counts for w in at.wheres(P)):
             r = case(mesh, K, a.dt, a.steps, a.backend, where)
             r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
             rows.append(r)

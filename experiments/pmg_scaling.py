@@ -35,7 +35,7 @@ from jaxsem.mesh.numbering import number_nodes
 from jaxsem.models import poisson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Placements, Results, add_transport_args, parse_sizes  # noqa: E402
+from scaling import Placements, Results, add_transport_args, collective_of, parse_sizes  # noqa: E402
 
 
 def _seconds(fn, *args):
@@ -64,8 +64,7 @@ def main(argv=None):
     for elements in parse_sizes(a.sizes):
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
-        for P in counts:
-            where = at.where(P)
+        for P, where in ((P, w) for P in counts for w in at.wheres(P)):
             sem, setup = _seconds(lambda: discretize(mesh, "gll", True, backend=a.backend, numbering=numbering,
                                                      **where))
             b, _ = _seconds(poisson.load, sem, bp.f)
@@ -73,7 +72,7 @@ def main(argv=None):
             (u, info), _ = _seconds(solve, sem, pre, b)  # compile
             seconds = statistics.median(_seconds(solve, sem, pre, b)[1] for _ in range(a.repeats))
             E, dofs = int(np.prod(elements)), int(np.prod(elements)) * a.order**3
-            row = dict(transport=sem.comm.name, backend=sem.backend.name, ranks=P, processes=processes,
+            row = dict(transport=sem.comm.name, collective=collective_of(sem), backend=sem.backend.name, ranks=P, processes=processes,
                        elements=list(elements), num_elements=E, order=a.order, dofs=dofs, dofs_per_rank=dofs / P,
                        tol=a.tol, pmg_orders=list(pre.orders), setup_seconds=setup, pmg_setup_seconds=pmg_setup,
                        seconds=seconds, iterations=int(info.iterations), converged=bool(info.converged),
@@ -82,7 +81,7 @@ def main(argv=None):
                 row["jacobi_iterations"] = int(jacobi(sem, b)[1].iterations)
             rows.append(row)
             if rank == 0:
-                print(f"{row['transport']} P={P} E={elements} n={dofs:.3e}: pMG {row['iterations']} it "
+                print(f"{row['transport']} {row['collective'] or ''} P={P} E={elements} n={dofs:.3e}: pMG {row['iterations']} it "
                       f"{seconds:.3f} s (setup {pmg_setup:.1f} s), L2 error {row['l2_error']:.2e}"
                       + (f", Jacobi {row['jacobi_iterations']} it" if a.jacobi else ""), file=sys.stderr, flush=True)
             del sem, b, pre, u

@@ -5,7 +5,8 @@
 #   STAGES=install,check,bp5 bash experiments/run_scaling_gpu.sh      -> JSON files under $OUT
 # Stages: install (mpi4jax), check (sharded and MPI runs equal serial, CUDA kernels inside),
 # bp5 (shard P = 1..NGPU), bp5mpi (mpi4jax, one process per GPU), bp5dist (jax.distributed, one
-# process per GPU), pmg (time to solution), tgv (Taylor–Green step time).
+# process per GPU), collective (ppermute rounds against one all_to_all), pmg (time to solution), tgv
+# (Taylor–Green step time), tgvlong (Taylor–Green to t = 20 on all GPUs).
 # Sizes at p = 7: WEAK1 ≈ 10 M DOFs (one GPU's share), WEAK2 its double, STRONG 22.5 M DOFs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0
@@ -13,7 +14,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export JAX_COMPILATION_CACHE_DIR=/tmp/xla-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
 OUT=${OUT:-/tmp/out}
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-DEVS=$(seq -s, 1 "$NGPU")
+DEVS=${DEVS:-$(seq -s, 1 "$NGPU")}
 WEAK1=${WEAK1:-32x30x30} WEAK2=${WEAK2:-64x30x30} STRONG=${STRONG:-64x32x32}
 STAGES=${STAGES:-install,check,bp5}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -31,6 +32,11 @@ if stage check; then  # the fused kernels inside shard_map and under mpirun: equ
   timeout 300 mpirun -n "$NGPU" python3 -m pytest -q -p no:cacheprovider tests/mpi/test_distributed.py \
       -k "pcg_solve or gradient or fixed" 2>&1 | tail -3
 fi
+if stage checka2a; then  # the all_to_all exchange through NCCL equals the rounds and serial
+  (cd tests && JAX_PLATFORMS=cuda timeout 150 python3 -c "import json, shard_check as sc; sc.check_all_to_all($NGPU); \
+      print('RESULT', json.dumps(sc.RESULTS)); print('FAILED', sc.FAILED)") > "$OUT/a2a_check_gpu.txt" 2>&1
+  tail -c 400 "$OUT/a2a_check_gpu.txt"
+fi
 if stage bp5; then
   python3 experiments/scaling.py --transport shard --devices "$DEVS" --order 7 --repeats 3 \
       --sizes "$WEAK1,$WEAK2,$STRONG" --out "$OUT/bp5_shard.json"
@@ -46,6 +52,14 @@ fi
 if stage pmg; then
   python3 experiments/pmg_scaling.py --devices "$DEVS" --order 7 --repeats 2 --sizes "${PMG_SIZES:-$STRONG}" \
       --out "$OUT/pmg_shard.json"
+fi
+if stage collective; then  # the exchange as ppermute rounds against one all_to_all (same residual)
+  python3 experiments/scaling.py --transport shard --devices "$DEVS" --collective ppermute,all_to_all --order 7 \
+      --repeats 3 --sizes "${COLL_SIZES:-$STRONG,100x48x48}" --out "$OUT/bp5_collective.json"
+fi
+if stage tgvlong; then  # Taylor–Green to t = 20 on every GPU, the series written after each time unit
+  python3 experiments/tgv_long.py --order 7 --elements 32 --t-final 20 --dt 2e-3 --segment 1.0 \
+      --devices "$NGPU" --out "$OUT/tgv32"
 fi
 if stage tgv; then
   python3 experiments/ns_step_time.py --devices "$DEVS" --order 7 --elements ${TGV_ELEMENTS:-32} --steps 20 \

@@ -77,6 +77,9 @@ def add_transport_args(ap):
                     help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
                          "--devices of this process, or of all processes started by mpirun/srun")
     ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
+    ap.add_argument("--collective", default="auto",
+                    help="shard transport, P > 1: the exchange's collective(s), each run in turn: "
+                         "auto, ppermute, all_to_all, e.g. ppermute,all_to_all")
 
 
 class Placements:
@@ -86,8 +89,12 @@ class Placements:
     (``init_distributed``); ``ap.error`` if a count is smaller than the processes."""
 
     def __init__(self, a, ap):
-        from jaxsem.parallel.comm import get_comm, init_distributed
+        from jaxsem.parallel.comm import COLLECTIVES, get_comm, init_distributed
 
+        self.collectives = str(getattr(a, "collective", "auto")).split(",")
+        for c in self.collectives:
+            if c not in COLLECTIVES:
+                ap.error(f"--collective: {c!r} is not one of {', '.join(COLLECTIVES)}")
         if a.transport == "shard":
             init_distributed()
             self.comm, self.counts = None, [int(v) for v in str(a.devices).split(",")]
@@ -101,6 +108,18 @@ class Placements:
 
     def where(self, P: int) -> dict:
         return dict(comm=self.comm) if self.comm is not None else dict(devices=P if P > 1 else None)
+
+    def wheres(self, P: int) -> list:
+        """:meth:`where` once per ``--collective`` (once where P = 1 or MPI: no collective to choose;
+        once where P = 2: two devices exchange in one round, which is a ``ppermute`` either way)."""
+        if self.comm is not None or P == 1:
+            return [self.where(P)]
+        return [dict(self.where(P), collective=c) for c in (self.collectives if P > 2 else self.collectives[:1])]
+
+
+def collective_of(disc):
+    """The sharded exchange's collective of ``disc`` (None for serial and MPI)."""
+    return getattr(disc.comm, "collective", None) if disc.comm.name == "shard" and disc.comm.size > 1 else None
 
 
 def run(a, ap):
@@ -123,9 +142,8 @@ def run(a, ap):
     for elements in parse_sizes(a.sizes):
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
-        for P in counts:
+        for P, where in ((P, w) for P in counts for w in at.wheres(P)):
             t0 = time.perf_counter()
-            where = at.where(P)
             sem = discretize(mesh, "gll", True, backend=a.backend, numbering=numbering, **where)
             b = poisson.load(sem, f)
             jax.block_until_ready((sem, b))
@@ -133,18 +151,19 @@ def run(a, ap):
             t_solve = _timeit(solve, (sem, b), a.repeats)
             t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
             t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
-            n_it = int(solve(sem, b)[1].iterations)
+            info = solve(sem, b)[1]
+            n_it = int(info.iterations)
             E = int(np.prod(elements))
             dofs = E * a.order**3
             ranks = P if comm is None else comm.size
-            row = dict(transport=sem.comm.name, backend=sem.backend.name, ranks=ranks, processes=jax.process_count(),
+            row = dict(transport=sem.comm.name, collective=collective_of(sem), backend=sem.backend.name, ranks=ranks, processes=jax.process_count(),
                        elements=list(elements), num_elements=E, order=a.order, dofs=dofs, dofs_per_rank=dofs / ranks,
                        iterations=n_it, seconds=t_solve, seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs,
                        ax_seconds=t_ax, gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve,
-                       setup_seconds=setup)
+                       setup_seconds=setup, residual=float(info.residual) / float(info.residual0))
             rows.append(row)
             if rank == 0:
-                print(f"{row['transport']} P={ranks} E={elements} n={dofs:.3e} "
+                print(f"{row['transport']} {row['collective'] or ''} P={ranks} E={elements} n={dofs:.3e} "
                       f"iter {row['seconds_per_iteration']*1e3:8.3f} ms gs {t_gs*1e3:7.3f} ms "
                       f"({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms {row['dofs_per_second']/1e9:6.2f} GDOF/s "
                       f"setup {setup:.0f}s", file=sys.stderr, flush=True)
