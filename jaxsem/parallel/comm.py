@@ -239,8 +239,9 @@ class ShardComm(Transport):
     :meth:`local_map` enters ``shard_map`` (element arrays split by
     :func:`element_specs`). Inside, each device sees its block: :meth:`allreduce`
     is ``psum``/``pmax`` and :meth:`exchange` one ``ppermute`` per round of rank
-    pairs, or one ``all_to_all`` for all rounds (``collective``, static). Several processes (``jax.distributed``) share one global mesh, so the
-    same program spans hosts. Static (no leaves).
+    pairs, or one ``all_to_all`` for all rounds (``collective``, static). Several
+    processes (``jax.distributed``) share one global mesh, so the same program spans
+    hosts. Static (no leaves).
     """
 
     axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
@@ -325,7 +326,8 @@ class Blocks:
 COLLECTIVES = ("auto", "ppermute", "all_to_all")
 
 # The sharded exchange's collective by device count P where "auto" is asked for (the faster of the
-# two in the several-GPU runs, docs/multi-gpu.md); P not listed: "ppermute".
+# two in the several-GPU runs, docs/multi-gpu.md); P not listed: "ppermute", the faster at every
+# P measured so far.
 _AUTO_COLLECTIVE: dict[int, str] = {}
 
 
