@@ -6,7 +6,8 @@
 # Stages: install (mpi4jax), check (sharded and MPI runs equal serial, CUDA kernels inside),
 # bp5 (shard P = 1..NGPU), bp5mpi (mpi4jax, one process per GPU), bp5dist (jax.distributed, one
 # process per GPU), collective (ppermute rounds against one all_to_all), pmg (time to solution), tgv
-# (Taylor–Green step time), tgvlong (Taylor–Green to t = 20 on all GPUs).
+# (Taylor–Green step time), tgvdist and tgvmpi (the same under jax.distributed and mpi4jax, one
+# process per GPU), tgvlong (Taylor–Green to t = 20 on all GPUs).
 # Sizes at p = 7: WEAK1 ≈ 10 M DOFs (one GPU's share), WEAK2 its double, STRONG 22.5 M DOFs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0
@@ -64,5 +65,13 @@ fi
 if stage tgv; then
   python3 experiments/ns_step_time.py --devices "$DEVS" --order 7 --elements ${TGV_ELEMENTS:-32} --steps 20 \
       --out "$OUT/tgv_shard.json"
+fi
+if stage tgvdist; then
+  mpirun -n "$NGPU" python3 experiments/ns_step_time.py --devices "$NGPU" --order 7 --elements ${TGV_ELEMENTS:-32} \
+      --steps 20 --out "$OUT/tgv_dist.json"
+fi
+if stage tgvmpi; then
+  mpirun -n "$NGPU" python3 experiments/ns_step_time.py --transport mpi --order 7 --elements ${TGV_ELEMENTS:-32} \
+      --steps 20 --out "$OUT/tgv_mpi.json"
 fi
 ls -la "$OUT"
