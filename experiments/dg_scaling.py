@@ -29,6 +29,7 @@ Work models (flops per step, n = E(N+1)³ points, 5 LSERK4 stages):
 
     mpirun -n 2 python experiments/dg_scaling.py --model maxwell --transport mpi --sizes 4x4x4 --out m.json
     python experiments/dg_scaling.py --model advection --transport shard --devices 2 --schedules bulk,overlap
+    python experiments/dg_scaling.py --model maxwell --devices 1,2,4 --order 7 --sizes 32x32x32 --backend einsum
     python experiments/dg_scaling.py --plot a.json b.json ...     # PNG beside the first file
 Default (CPU, seconds): --order 3 --sizes 4x4x4 --steps 5.
 """
@@ -105,7 +106,7 @@ def _setup(a, elements, comm=None, P=1):
     mesh = box_mesh(elements, a.order, lengths=tuple(float(v) for v in elements), periodic=(True,) * 3)
     dtype = jnp.dtype(a.dtype)
     where = dict(devices=P if P > 1 else None) if a.transport == "shard" else dict(comm=comm)
-    dg = discretize_dg(mesh, dtype=dtype, **where)
+    dg = discretize_dg(mesh, dtype=dtype, backend=a.backend, **where)
     if a.model == "maxwell":
         args = (dg, mx.material(dg))
         y0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype) * dg.valid
@@ -172,7 +173,7 @@ def run(a):
                 evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
             sps = t_run / steps
             flops = flops_per_step(a.model, a.order, E)
-            row = dict(model=a.model, transport=dg.comm.name,
+            row = dict(model=a.model, transport=dg.comm.name, backend=dg.backend.name,
                        ranks=P, schedule=schedule, elements=list(elements),
                        num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
                        dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
@@ -183,7 +184,7 @@ def run(a):
             if rank == 0:
                 ev = "" if evidence is None else (f" permutes {evidence['pairs']}, with compute between "
                                                   f"{evidence['overlapping_pairs']}")
-                print(f"{a.model} {dg.comm.name} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
+                print(f"{a.model} {dg.comm.name} {dg.backend.name} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
                       f"{sps * 1e3:8.3f} ms exch {t_x * 1e3:7.3f} ms ({100 * row['exchange_share']:4.1f}%) "
                       f"{row['gflops']:7.1f} GF setup {setup:.0f}s{ev}", file=sys.stderr, flush=True)
         del dg, args, y0
@@ -234,6 +235,8 @@ def main(argv=None):
     ap.add_argument("--schedules", default="bulk", help="advection: comma list of bulk, overlap")
     ap.add_argument("--form", default="chain", choices=["chain", "split"], help="maxwell: curl form")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"],
+                    help="discretize_dg's backend: the fused kernels (cuda; auto: where they run) or einsum")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", nargs="+", default=None)
     a = ap.parse_args(argv)

@@ -7,7 +7,9 @@
 # bp5 (shard P = 1..NGPU), bp5mpi (mpi4jax, one process per GPU), bp5dist (jax.distributed, one
 # process per GPU), collective (ppermute rounds against one all_to_all), pmg (time to solution), tgv
 # (Taylor–Green step time), tgvdist and tgvmpi (the same under jax.distributed and mpi4jax, one
-# process per GPU), tgvlong (Taylor–Green to t = 20 on all GPUs).
+# process per GPU), tgvlong (Taylor–Green to t = 20 on all GPUs), checkdg (the fused DG kernels
+# distributed, shard and mpirun, equal serial), dg (Maxwell and advection steps, P = DEVS, for
+# each backend in DG_BACKENDS).
 # Sizes at p = 7: WEAK1 ≈ 10 M DOFs (one GPU's share), WEAK2 its double, STRONG 22.5 M DOFs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0
@@ -37,6 +39,19 @@ if stage checka2a; then  # the all_to_all exchange through NCCL equals the round
   (cd tests && JAX_PLATFORMS=cuda timeout 150 python3 -c "import json, shard_check as sc; sc.check_all_to_all($NGPU); \
       print('RESULT', json.dumps(sc.RESULTS)); print('FAILED', sc.FAILED)") > "$OUT/a2a_check_gpu.txt" 2>&1
   tail -c 400 "$OUT/a2a_check_gpu.txt"
+fi
+if stage checkdg; then  # the fused DG kernels distributed (shard and mpirun) equal serial
+  (cd tests && JAX_PLATFORMS=cuda timeout 240 python3 -c "import json, shard_check as sc; sc.check_dg($NGPU); \
+      print('RESULT', json.dumps(sc.RESULTS)); print('FAILED', sc.FAILED)") > "$OUT/dg_check_gpu.txt" 2>&1
+  tail -c 900 "$OUT/dg_check_gpu.txt"
+  timeout 240 mpirun -n "$NGPU" python3 -m pytest -q -p no:cacheprovider tests/mpi/test_maxwell_mpi.py -k fused_path \
+      2>&1 | tail -3
+fi
+if stage dg; then  # Maxwell and advection LSERK4 steps over the GPUs, fused kernels and einsum
+  for m in ${DG_MODELS:-maxwell advection}; do for b in ${DG_BACKENDS:-auto einsum}; do
+    python3 experiments/dg_scaling.py --model "$m" --transport shard --devices "$DEVS" --order 7 --repeats 2 \
+        --steps 10 --sizes "${DG_SIZES:-32x32x32}" --backend "$b" --out "$OUT/dg_${m}_${b}.json"
+  done; done
 fi
 if stage bp5; then
   python3 experiments/scaling.py --transport shard --devices "$DEVS" --order 7 --repeats 3 \

@@ -149,11 +149,12 @@ run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKER
 # multi-round exchanges and uneven partitions (gather-scatter, PCG, the gradient through the
 # exchange, Maxwell, advection, NaN detection and checkpoints on every rank, test_comm_mpi.py's
 # closed forms in the world size). The whole-solver equalities built on those exchanges
-# (Navier-Stokes, p-multigrid, the time-stepping gradient) and the CLI (test_cli_mpi.py: the
+# (Navier-Stokes, p-multigrid, the time-stepping gradient, the fused DG path, which
+# tests/test_shard.py also checks on four devices) and the CLI (test_cli_mpi.py: the
 # library's distributed solve, already run at four ranks here, plus rank 0 reporting alone) run
 # at two ranks only: at four (oversubscribed: every rank compiles its programs and the serial
 # reference) they took 4.5 of the stage's 6 minutes and test no exchange the rest does not.
-FOUR_RANKS="not navier_stokes and not pmg and not eps_gradient and not cli"
+FOUR_RANKS="not navier_stokes and not pmg and not eps_gradient and not fused_path and not cli"
 run_stage "MPI tests, mpirun -n 2" mpi_pytest 2
 run_stage "MPI tests, mpirun -n 4" mpi_pytest 4 -k "$FOUR_RANKS"
 

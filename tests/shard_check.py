@@ -223,6 +223,70 @@ def check_dg(P):
     out = jax.jit(lambda d, q: mx.rhs(d, mx.material(d), q))(dgs, js.from_mesh_order(dgs, q))
     err = rel(js.to_mesh_order(dgs, out), ref)
     check("maxwell_rhs_err", err, err < 1e-12)
+    check_fused_dg(P)
+
+
+def fused_logic(mx, ad):
+    """The DG models' fused path (kernel, then the remote neighbours' flux on the halo elements)
+    on any backend: off a GPU its kernel is the einsum form (``_rhs_local``), so the distributed
+    logic is checked on CPU too; on a GPU the kernels run. Returns a function that undoes it."""
+    saved = mx._fusable, ad._fusable
+    if jax.default_backend() == "cpu":
+        mx._fusable = lambda dg, exchange, form: form == "chain" and exchange is None and dg.nbr is not None
+        ad._fusable = lambda dg, exchange: exchange is None and dg.nbr is not None
+
+    def undo():
+        mx._fusable, ad._fusable = saved
+
+    return undo
+
+
+def check_fused_dg(P):
+    """The fused DG right-hand sides distributed (uneven partition) equal serial: Maxwell's value
+    for both boundary kinds and its ε-gradient through 3 LSERK4 steps, advection's value."""
+    import jax.numpy as jnp
+
+    from jaxsem import timestepping as ts
+    from jaxsem.discretization.dg import discretize_dg
+    from jaxsem.models import advection as ad
+    from jaxsem.models import maxwell as mx
+
+    undo = fused_logic(mx, ad)
+    mesh = box_mesh((3, 2, 2), 3, deform=0.1)
+    dg = discretize_dg(mesh)
+    dgs = discretize_dg(mesh, devices=P, partition=uneven_partition(mesh.num_elements, P))
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((6,) + dg.jac.shape)
+    eps = 1.0 + 0.1 * rng.random(dg.jac.shape)
+    for bc in mx.BCS:
+        f = mx.make_rhs("upwind", bc, None, "chain")
+        rhs = jax.jit(lambda d, e, v: f(0.0, v, (d, mx.material(d, e))))
+        err = rel(js.to_mesh_order(dgs, rhs(dgs, js.from_mesh_order(dgs, eps), js.from_mesh_order(dgs, q))),
+                  rhs(dg, jnp.asarray(eps), jnp.asarray(q)))
+        check(f"maxwell_fused_{bc}_err", err, err < 1e-12)
+
+    def loss(d, e, q0):
+        mat = mx.material(d, e)
+        y = ts.integrate(lambda t, v: f(t, v, (d, mat)), q0, 0.01, 3)
+        return d.integrate(jnp.sum(y * y, 0))
+
+    grad = jax.jit(jax.grad(loss, 1))
+    gs = grad(dgs, js.from_mesh_order(dgs, eps), js.from_mesh_order(dgs, q))  # ε = 0 on the pads
+    err = rel(js.to_mesh_order(dgs, gs), grad(dg, jnp.asarray(eps), jnp.asarray(q)))
+    check("maxwell_fused_grad_eps_err", err, err < 1e-12)
+    finite = bool(np.all(np.isfinite(np.asarray(gs))))  # the pads' entries too
+    check("maxwell_fused_grad_finite", finite, finite)
+    mesh = box_mesh((3, 2, 2), 3, periodic=(True,) * 3, deform=0.1)
+    dg = discretize_dg(mesh)
+    dgs = discretize_dg(mesh, devices=P, partition=uneven_partition(mesh.num_elements, P))
+    c = (1.0, -0.5, 0.25)
+    u = rng.standard_normal(dg.jac.shape)
+    f = ad.make_rhs("upwind", None, "split")
+    rhs = jax.jit(lambda d, t, v: f(0.0, v, (d, t)))
+    err = rel(js.to_mesh_order(dgs, rhs(dgs, ad.transport(dgs, c), js.from_mesh_order(dgs, u))),
+              rhs(dg, ad.transport(dg, c), jnp.asarray(u)))
+    check("advection_fused_err", err, err < 1e-12)
+    undo()
 
 
 def main(P):

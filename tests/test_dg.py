@@ -164,5 +164,19 @@ def test_neighbor_node_map_reads_the_partner(rotated):
     uf = _flat_faces(u)
     has = p >= 0
     np.testing.assert_array_equal(u.reshape(2, -1)[:, nbr[has]], uf[:, p[has]])
-    sharded = dg.discretize_dg(mesh, comm=dg.Comm(size=2, rank=0))
-    assert sharded.nbr is None  # a rank's part reads neighbours through its exchange
+    for rank in range(2):  # a rank's part: its own neighbours only (-1 where remote), in its numbering
+        part = dg.discretize_dg(mesh, comm=dg.Comm(size=2, rank=rank))
+        el = np.asarray(part.elements)
+        pl = conn.partner[el].ravel()
+        local = (pl >= 0) & np.isin(np.maximum(pl, 0) // (6 * d.n**2), el)
+        nbr_r = np.asarray(part.nbr).ravel()
+        np.testing.assert_array_equal(nbr_r >= 0, local)
+        assert local.any() and (~local & (pl >= 0)).any()  # both kinds of neighbour occur
+        ul = u[:, el]
+        np.testing.assert_array_equal(ul.reshape(2, -1)[:, nbr_r[local]], uf[:, pl[local]])
+        # face_vol: the volume node of a copy of each plan node here (the coordinates agree,
+        # modulo the box on periodic axes)
+        phase = np.exp(2j * np.pi * np.asarray(part.x) / np.asarray(mesh.lengths)[:, None, None, None, None])
+        fv = np.asarray(part.face_vol)[np.asarray(part.fgs.gid)]
+        np.testing.assert_allclose(phase.reshape(3, -1)[:, fv], _flat_faces(phase.real) + 1j * _flat_faces(phase.imag),
+                                   atol=1e-12)

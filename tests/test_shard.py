@@ -104,6 +104,20 @@ def test_sharded_dg_equals_serial(results, P):
     assert res["maxwell_rhs_err"] < 1e-12, res
 
 
+@pytest.mark.parametrize("P", [2, 4])
+def test_sharded_fused_dg_equals_serial(results, P):
+    """The fused DG path distributed (the kernel reads the neighbours a device has and mirrors,
+    or for advection zeroes, the remote ones; their flux is added on the halo elements) equals
+    serial: Maxwell's right-hand side for PEC and PMC and its ε-gradient through 3 LSERK4 steps
+    (finite on the pad elements too), advection's right-hand side. On CPU the kernel is its
+    einsum form."""
+    rc, res, text = results[P]
+    assert res is not None, text[-4000:]
+    for name in ("maxwell_fused_pec", "maxwell_fused_pmc", "maxwell_fused_grad_eps", "advection_fused"):
+        assert res[f"{name}_err"] < 1e-12, res
+    assert res["maxwell_fused_grad_finite"], res  # pads (ε given as 0 there) included
+
+
 def test_all_to_all_equals_rounds(results):
     """P = 4: the exchange as one all_to_all (collective="all_to_all") gives the ppermute rounds'
     values bitwise (gather–scatter with ≥ 2 rounds, periodic and uneven) and serial's for a BP5

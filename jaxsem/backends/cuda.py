@@ -522,7 +522,7 @@ ADVECTION_FORMS = ("split", "conservative", "chain")
 
 
 def advection_rhs_cuda(u, D, A, jac, an, vn, lw, nbr, form: str, upwind: bool):
-    """The DG advection right-hand side (one device) in one launch; no derivative rule.
+    """The DG advection right-hand side (one device, or a rank's part) in one launch; no derivative rule.
 
     ``u: (E, n, n, n)``, ``D: (n, n)``, ``A: (3, E, n, n, n)`` the contravariant velocity,
     ``jac: (E, n, n, n)``, ``an, vn, lw: (E, 6, n, n)`` (the face weights of

@@ -231,9 +231,13 @@ class DG(Discretization):
       comm: the transport (static, :class:`jaxsem.parallel.comm.Transport`).
       backend: static :class:`jaxsem.backends.Backend` chosen by :func:`discretize_dg`; with
         ``"cuda"`` the Maxwell right-hand side (chain-rule curl) runs as one fused kernel.
-      nbr: ``(E, 6, n, n)`` int32 (one device only, else ``None``): the volume index
-        ``e'·n³ + node`` of the neighbour's node coinciding with each face point (−1 on the
-        boundary), through which a fused kernel reads neighbour values without an exchange.
+      nbr: ``(E, 6, n, n)`` int32: the volume index ``e'·n³ + node`` (in this rank's
+        elements) of the neighbour's node coinciding with each face point, −1 on the boundary
+        and, distributed, where the neighbour lives on another rank (pads: −1), through which
+        a fused kernel reads neighbour values without an exchange.
+      face_vol: distributed only (else ``None``): ``(fgs.num_global,)`` int32, for each of the
+        face plan's nodes the volume index of one of its copies here, so that the exchange's
+        messages are gathered straight from a volume field (:func:`remote_values`).
       affine: static: every element of the whole mesh is an affine image of the reference
         cube (a parallelepiped; :func:`is_affine`), so the metric terms are constant per
         element and the chain-rule and split-form curls are the same operator.
@@ -260,7 +264,8 @@ class DG(Discretization):
     num_global_elements: int = dataclasses.field(default=0, metadata=dict(static=True))
     comm: Comm = dataclasses.field(default=Comm(), metadata=dict(static=True))
     backend: Backend = dataclasses.field(default=Backend(), metadata=dict(static=True))
-    nbr: jax.Array | None = None
+    nbr: jax.Array | None = dataclasses.field(default=None, metadata=dict(pad=-1))
+    face_vol: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
     affine: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
@@ -294,7 +299,7 @@ def discretize_dg(
     message per neighbour rank (:func:`jaxsem.gather_scatter.make_gs_distributed`).
     ``devices``: several devices (as :func:`jaxsem.discretize`): global arrays split
     over them along the element axis, JAX's own transport. ``backend``: ``"auto"`` (the fused
-    CUDA kernel where it runs, on one device), ``"einsum"`` or ``"cuda"`` (see
+    CUDA kernel where it runs), ``"einsum"`` or ``"cuda"`` (see
     :mod:`jaxsem.backends`); resolved here, once. ``collective``: with ``devices``, the
     face exchange's collective, as :func:`jaxsem.discretize`.
 
@@ -329,10 +334,11 @@ def discretize_dg(
             raise ValueError(f"partition must be (E,) = ({Eg},) ranks in [0, {comm.size})")
         fgs, elements, _ = make_gs_distributed(conn.fid, part, comm, dtype=dtype)
         halo, halo_map = halo_plan(fgs, N)
+        nbr, face_vol = _local_neighbors(conn.partner, elements, fgs, N)
     else:
         fgs, elements = make_gs(conn.fid, conn.num_ids, dtype=dtype), np.arange(Eg)
-        halo = halo_map = None
-        nbr = jnp.asarray(_neighbor_nodes(conn.partner, N))
+        halo = halo_map = face_vol = None
+        nbr = _neighbor_nodes(conn.partner, N)
     x = np.asarray(mesh.x)[:, elements]
     geom = geometric_factors(jnp.asarray(x, jnp.float64), quadrature(N, "gll"))
     normal, sJ, lift = _face_geometry(geom.rx, geom.jac, N)
@@ -345,7 +351,8 @@ def discretize_dg(
         elements=jnp.asarray(elements, jnp.int32), num_global_elements=Eg, comm=comm,
         halo=None if halo is None else jnp.asarray(halo, jnp.int32),
         halo_map=None if halo_map is None else jnp.asarray(halo_map, jnp.int32),
-        backend=kernels, nbr=nbr, affine=is_affine(mesh.x),
+        backend=kernels, nbr=jnp.asarray(nbr),
+        face_vol=None if face_vol is None else jnp.asarray(face_vol), affine=is_affine(mesh.x),
     )
 
 
@@ -367,21 +374,42 @@ def is_affine(x, rtol: float = 1e-13) -> bool:
     return bool(x.size == 0 or np.max(np.abs(fit - x)) <= rtol * max(scale, np.finfo(float).tiny))
 
 
-def _neighbor_nodes(partner: np.ndarray, N: int) -> np.ndarray:
-    """``(E, 6, n, n)`` int32 volume index ``e'·n³ + (k·n + j)·n + i`` of the node behind each
-    face point's partner (``partner``: flat face-point index, −1 on the boundary)."""
+def _face_point_volume(p: np.ndarray, N: int) -> np.ndarray:
+    """Volume index ``e·n³ + (k·n + j)·n + i`` (int64) of flat face-point indices
+    ``p = ((e·6 + f)·n + v)·n + u`` (≥ 0), the layout of :func:`faces`."""
     n = N + 1
-    if partner.size and int(partner.max()) // (6 * n * n) * n**3 + n**3 >= 2**31:
-        raise ValueError("the fused DG kernels need fewer than 2**31 volume nodes")
-    p = np.maximum(partner.astype(np.int64), 0)
+    p = p.astype(np.int64)
     e, f, v, u = p // (6 * n * n), (p // (n * n)) % 6, (p // n) % n, p % n
     end = np.where(f % 2 == 0, 0, N)
     axis = f // 2
     k = np.where(axis == 2, end, v)
     j = np.where(axis == 0, u, np.where(axis == 1, end, v))
     i = np.where(axis == 0, end, u)
-    vol = e * n**3 + (k * n + j) * n + i
+    return e * n**3 + (k * n + j) * n + i
+
+
+def _neighbor_nodes(partner: np.ndarray, N: int) -> np.ndarray:
+    """``(E, 6, n, n)`` int32 volume index ``e'·n³ + (k·n + j)·n + i`` of the node behind each
+    face point's partner (``partner``: flat face-point index, −1 on the boundary)."""
+    n = N + 1
+    if partner.size and int(partner.max()) // (6 * n * n) * n**3 + n**3 >= 2**31:
+        raise ValueError("the fused DG kernels need fewer than 2**31 volume nodes")
+    vol = _face_point_volume(np.maximum(partner, 0), N)
     return np.where(partner >= 0, vol, -1).astype(np.int32)
+
+
+def _local_neighbors(partner: np.ndarray, elements: np.ndarray, fgs: GatherScatter, N: int):
+    """A rank's ``(nbr, face_vol)`` (see :class:`DG`) from the whole mesh's ``partner`` (flat
+    face-point index, −1 on the boundary), its ``elements`` (global, ascending) and face plan."""
+    n2 = (N + 1) ** 2
+    here = np.full(partner.shape[0], -1, np.int64)
+    here[elements] = np.arange(elements.size)
+    p = partner[elements].astype(np.int64)
+    e_loc = here[np.maximum(p, 0) // (6 * n2)]
+    local = np.where((p >= 0) & (e_loc >= 0), e_loc * 6 * n2 + p % (6 * n2), -1)
+    face_vol = np.zeros(fgs.num_global, np.int64)
+    face_vol[np.asarray(fgs.gid, np.int64)] = _face_point_volume(np.arange(local.size), N)
+    return _neighbor_nodes(local, N), face_vol.astype(np.int32)
 
 
 def _pad_halo(parts, padded, sizes: dict):
@@ -403,7 +431,9 @@ def _pad_halo_rank(part: DG, padded: DG, round_len, H_max: int) -> DG:
     H = hm.shape[0]
     halo = np.concatenate([np.asarray(part.halo, np.int32), np.zeros(H_max - H, np.int32)])
     hm = np.concatenate([hm, np.full((H_max - H,) + hm.shape[1:], offs_p[-1])]).astype(np.int32)
-    return dataclasses.replace(padded, halo=halo, halo_map=hm)
+    fv = np.asarray(part.face_vol)  # to the padded plan's nodes (the pads and trash slot: node 0)
+    fv = np.concatenate([fv, np.zeros(padded.fgs.num_global - fv.size, np.int32)])
+    return dataclasses.replace(padded, halo=halo, halo_map=hm, face_vol=fv)
 
 
 def halo_plan(fgs: GatherScatter, N: int):
@@ -445,6 +475,34 @@ def face_exchange(dg: DG, fu):
     on a distributed DG, plus one packed message per neighbour rank for all C.
     """
     return dg.comm.local_map(gs_apply, dg.fgs, fu)
+
+
+def local_neighbor_values(dg: DG, u):
+    """Each face point's neighbour value read through ``dg.nbr``: ``u: (..., E, n, n, n)`` →
+    ``(..., E, 6, n, n)``, 0 where ``nbr < 0`` (the boundary and, distributed, remote neighbours).
+    What a fused kernel reads; no exchange."""
+    flat = u.reshape(u.shape[:-4] + (-1,))
+    vals = jnp.take(flat, jnp.maximum(dg.nbr, 0), axis=-1)
+    return jnp.where(dg.nbr >= 0, vals, jnp.zeros((), u.dtype))
+
+
+def remote_values(dg: DG, u):
+    """The values other ranks hold at the halo elements' face points (distributed ``dg``).
+
+    ``u: (..., E, n, n, n)`` → ``(rem, is_remote)``: ``rem: (..., H, 6, n, n)`` the remote
+    neighbour's value at each face point of the halo elements ``dg.halo`` (0 where the
+    neighbour is here or absent) and ``is_remote: (H, 6, n, n)`` bool. One message per
+    neighbour rank, gathered straight from ``u`` through ``dg.face_vol``; what
+    :func:`local_neighbor_values` leaves out.
+    """
+    ex = dg.fgs.exchange
+    lead = u.shape[:-4]
+    flat = u.reshape(lead + (-1,))
+    got = ex.comm.exchange(ex, [jnp.take(flat, dg.face_vol[i], axis=-1) for i in ex.idx])
+    parts = [jnp.zeros(lead + (0,), u.dtype) if r is None else r for r in got]
+    received = jnp.concatenate(parts + [jnp.zeros(lead + (1,), u.dtype)], axis=-1)
+    K = received.shape[-1] - 1
+    return jnp.take(received, dg.halo_map, axis=-1), dg.halo_map < K
 
 
 def neighbor_values(dg: DG, fu, exchange: Exchange | None = None):

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..core import basis
 from ..solvers import timestepping as ts
-from ..discretization.dg import DG, Exchange, face_exchange, faces, lift_faces, neighbor_values
+from ..discretization.dg import (DG, Exchange, face_exchange, faces, lift_faces, local_neighbor_values,
+                                 neighbor_values, remote_values)
 from ..discretization.gather_scatter import exchange_received, global_to_local, local_to_global
 from ..mesh.box import Mesh
 from . import _dg_common as common
@@ -213,16 +214,18 @@ def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | Non
       be asynchronous; mpi4jax's ``sendrecv`` blocks): see
       ``experiments/advection_overlap.py``.
 
-    On one device with ``dg.backend`` CUDA, every form and flux runs as one fused kernel
-    (volume term, fluxes with the neighbours' values read in place, lift, 1/J;
+    With ``dg.backend`` CUDA and the built-in exchange, every form and flux runs as one fused
+    kernel (volume term, fluxes with the neighbours' values read in place, lift, 1/J;
     :func:`jaxsem.backends.cuda.advection_rhs_cuda`) whose derivatives are those of the
-    einsum form.
+    einsum form; distributed, the kernel counts remote neighbours as 0 and their flux is added
+    on the halo elements afterwards (as ``"overlap"``, whatever ``schedule``).
     """
     check_choice(flux, "flux", FLUXES)
     check_choice(form, "form", FORMS)
     check_choice(schedule, "schedule", SCHEDULES)
     if _fusable(dg, exchange):
-        return _fused_rhs(dg, tr, u, flux, form)
+        out = _fused_rhs(dg, tr, u, flux, form)
+        return out if dg.halo is None else out.at[dg.halo].add(_remote_flux(dg, tr, u, flux))
     return _rhs(dg, tr, u, flux, exchange, form, schedule)
 
 
@@ -233,7 +236,10 @@ def _fusable(dg: DG, exchange) -> bool:
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _fused_rhs(dg: DG, tr: Transport, u, flux, form):
-    """:func:`rhs` (one device) as one CUDA kernel; its tangent is the einsum form's."""
+    """:func:`_rhs_local` as one CUDA kernel (with ``dg.backend`` CUDA; else its einsum form, with
+    which the rule is tested without a GPU); its tangent is the einsum form's."""
+    if dg.backend.name != "cuda":
+        return _rhs_local(dg, tr, u, flux, form)
     from ..backends import cuda
 
     return cuda.advection_rhs_cuda(u, dg.D, tr.A, dg.jac, tr.an, tr.vn, tr.lw, dg.nbr, form, flux == "upwind")
@@ -241,8 +247,34 @@ def _fused_rhs(dg: DG, tr: Transport, u, flux, form):
 
 @_fused_rhs.defjvp
 def _fused_rhs_jvp(flux, form, primals, tangents):
-    _, dw = jax.jvp(lambda dg, tr, u: _rhs(dg, tr, u, flux, None, form, "bulk"), primals, tangents)
+    _, dw = jax.jvp(lambda dg, tr, u: _rhs_local(dg, tr, u, flux, form), primals, tangents)
     return _fused_rhs(*primals, flux, form), dw
+
+
+def _rhs_local(dg: DG, tr: Transport, u, flux, form):
+    """The fused kernel's operator in einsum form: the neighbours read through ``dg.nbr``, inflow
+    0 where ``nbr < 0`` (on one device :func:`_rhs` itself; distributed, the rank's part with the
+    remote neighbours counted as 0, as ``schedule="overlap"``'s local part)."""
+    uf = faces(u)
+    up = local_neighbor_values(dg, u)
+    return _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
+
+
+def _remote_flux(dg: DG, tr: Transport, u, flux):
+    """``(H, n, n, n)``: the remote neighbours' part of the flux on the halo elements."""
+    return _halo_flux(dg, tr, remote_values(dg, u)[0], flux)
+
+
+def _halo_flux(dg: DG, tr: Transport, dup, flux):
+    """The lifted flux of the remote neighbour values ``dup: (H, 6, n, n)`` (0 where the
+    neighbour is not remote) on the halo elements: the flux is linear in the neighbour value,
+    f* grows by (½vn − ½α|vn|) u⁺ and the lifted term is −f*."""
+    h = dg.halo
+    vn = tr.vn[h]
+    dflux = 0.5 * vn * dup
+    if flux == "upwind":
+        dflux = dflux - 0.5 * jnp.abs(vn) * dup
+    return lift_faces(-tr.lw[h] * dflux)
 
 
 def _rhs(dg: DG, tr: Transport, u, flux, exchange, form, schedule):
@@ -265,13 +297,8 @@ def _rhs_overlap(dg, tr, u, uf, flux, form):
     received = exchange_received(plan.exchange, s)  # (K + 1,): the remote copies' values
     up = global_to_local(plan, s).reshape(uf.shape) - uf  # local neighbours; 0 where remote
     local = _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
-    h = dg.halo
     dup = received[dg.halo_map]  # (H, 6, n, n) remote neighbour values, 0 elsewhere
-    vn = tr.vn[h]
-    dflux = 0.5 * vn * dup  # f* grows by (½vn − ½α|vn|) u⁺; the lifted term is −f*
-    if flux == "upwind":
-        dflux = dflux - 0.5 * jnp.abs(vn) * dup
-    return local.at[h].add(lift_faces(-tr.lw[h] * dflux))
+    return local.at[dg.halo].add(_halo_flux(dg, tr, dup, flux))
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,7 +49,8 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from ..solvers import timestepping as ts
-from ..discretization.dg import DG, Exchange, face_exchange, faces, lift_faces, neighbor_values
+from ..discretization.dg import (DG, Exchange, face_exchange, faces, lift_faces, local_neighbor_values,
+                                 neighbor_values, remote_values)
 from ..mesh.box import Mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, instantiate as _instantiate, is_zero as _is_zero
@@ -135,6 +136,9 @@ def _as_nodal(value, dg: DG, name: str):
     elif a.shape != shape:
         raise ValueError(f"{name} must be a scalar, shape ({dg.num_elements},) per element or "
                          f"{shape} per node, got shape {a.shape}")
+    # Pad elements of a sharded dg (from_mesh_order fills them with 0) get 1: a vacuum that
+    # keeps their fields at 0 and every derivative there finite.
+    a = jnp.where(dg.elements[:, None, None, None] >= 0, a, jnp.ones((), a.dtype))
     if not isinstance(a, jax.core.Tracer) and not bool(jnp.all(a > 0)):
         raise ValueError(f"{name} must be positive everywhere, got min {float(jnp.min(a))}")
     return a
@@ -204,16 +208,17 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
 
     ``form``: the volume curl, ``"split"`` (energy-stable on curved elements,
     default) or ``"chain"`` (NekCEM's chain rule; identical on affine meshes,
-    half the derivatives), see :func:`_curls`. The chain form on one device with
-    ``dg.backend`` CUDA runs as one fused kernel (curls, fluxes with the neighbours'
+    half the derivatives), see :func:`_curls`. The chain form with ``dg.backend`` CUDA and
+    the built-in exchange runs as one fused kernel (curls, fluxes with the neighbours'
     values read in place, lift; :func:`jaxsem.backends.cuda.maxwell_rhs_cuda`) whose
-    derivatives are those of the einsum form.
+    derivatives are those of the einsum form; distributed, the kernel mirrors q where the
+    neighbour is remote and the remote neighbours' flux is added on the halo elements.
     """
     check_choice(flux, "flux", FLUXES)
     check_choice(bc, "bc", BCS)
     check_choice(form, "form", FORMS)
     if _fusable(dg, exchange, form):
-        return _fused_rhs(dg, mat, q, flux, bc)
+        return _fused(dg, mat, q, flux, bc)
     return _rhs(dg, mat, q, flux, bc, exchange, form)
 
 
@@ -232,13 +237,19 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
 # identity. Curved elements keep the einsum form's tangent in q. The tangent in ε, μ and the
 # flux coefficients is written out from the primal value and the face jumps (cheap); the one in
 # the geometry (dg) is the einsum form's.
+#
+# Distributed, the kernel reads the neighbours it has (dg.nbr) and mirrors q where the
+# neighbour lives on another rank, as on a boundary face of the same kind; the flux is linear
+# in the jump, so the remote neighbours' part is added on the halo elements afterwards
+# (_remote_flux, plain JAX ops with the exchange: differentiated by JAX). The local operator
+# has the transpose identity above as it stands (a mirrored face is a boundary face).
 
 
 def _kernel_value(dg: DG, mat: Material, q, flux, bc):
     """The operator's value: the fused kernel with ``dg.backend`` CUDA (what :func:`rhs` runs),
     else the einsum form (with which the derivative rules below are tested without a GPU)."""
     if dg.backend.name != "cuda":
-        return _rhs(dg, mat, q, flux, bc, None, "chain")
+        return _rhs_local(dg, mat, q, flux, bc)
     from ..backends import cuda
 
     return cuda.maxwell_rhs_cuda(q, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE, mat.cH, mat.aH,
@@ -313,7 +324,7 @@ batching.primitive_batchers[_linear_p] = _linear_batch
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _fused_rhs(dg: DG, mat: Material, q, flux, bc):
-    """:func:`rhs` (chain form, one device) as :func:`_kernel_value`, with the derivative rules
+    """:func:`_rhs_local` (chain form; distributed, a rank's part) as :func:`_kernel_value`, with the derivative rules
     of the note above."""
     return _kernel_value(dg, mat, q, flux, bc)
 
@@ -328,12 +339,12 @@ def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, value: Callable):
         if dg.affine:
             parts.append(_linear(dg, mat, dq, flux, bc))
         else:
-            parts.append(jax.jvp(lambda v: _rhs(dg, mat, v, flux, bc, None, "chain"), (q,), (dq,))[1])
+            parts.append(jax.jvp(lambda v: _rhs_local(dg, mat, v, flux, bc), (q,), (dq,))[1])
     if not _is_zero(dmat):
         parts.append(_material_tangent(dg, mat, q, value(), _instantiate(dmat, mat), flux, bc))
     if not _is_zero(ddg):
         ddg = _instantiate(ddg, dg)
-        parts.append(jax.jvp(lambda g: _rhs(g, mat, q, flux, bc, None, "chain"), (dg,), (ddg,))[1])
+        parts.append(jax.jvp(lambda g: _rhs_local(g, mat, q, flux, bc), (dg,), (ddg,))[1])
     return functools.reduce(jnp.add, parts) if parts else None
 
 
@@ -347,6 +358,27 @@ def _fused_rhs_jvp(flux, bc, primals, tangents):
 _fused_rhs.defjvp(_fused_rhs_jvp, symbolic_zeros=True)
 
 
+def _fused(dg: DG, mat: Material, q, flux, bc):
+    """The fused kernel, plus on a distributed ``dg`` the remote neighbours' flux on its halo."""
+    out = _fused_rhs(dg, mat, q, flux, bc)
+    if dg.halo is None:
+        return out
+    return out.at[:, dg.halo].add(_remote_flux(dg, mat, q, flux, bc))
+
+
+def _remote_flux(dg: DG, mat: Material, q, flux, bc):
+    """``(6, H, n, n, n)``: what the halo elements' right-hand side lacks where the kernel mirrored
+    q for a remote neighbour: the lifted flux of the jump's change (remote − mirror)."""
+    h = dg.halo
+    rem, is_remote = remote_values(dg, q)  # (6, H, 6, n, n)
+    qf = faces(q[:, h])
+    dq = jnp.where(is_remote, rem - _mirror_sign(bc, q.dtype) * qf, jnp.zeros((), q.dtype))
+    normal = dg.normal[:, h]
+    c = jax.tree_util.tree_map(lambda a: a[h], mat)
+    lifted = _lifted_flux(normal, c, _cross(normal, dq[:3]), _cross(normal, dq[3:]), flux)
+    return jnp.concatenate([lifted[:3] / c.eps, lifted[3:] / c.mu])
+
+
 def _fusable(dg: DG, exchange, form) -> bool:
     """Whether :func:`rhs` runs as the fused kernel for this ``dg`` and options."""
     return form == "chain" and exchange is None and dg.nbr is not None and dg.backend.name == "cuda"
@@ -358,9 +390,15 @@ def _material_tangent(dg: DG, mat: Material, q, out, dmat: Material, flux, bc):
     rhs_E = (∇×H + L f_E)/ε and rhs_H = (L f_H − ∇×E)/μ with f linear in the coefficients, so
     d rhs_E = −rhs_E dε/ε + L(df_E)/ε (and the same for H with μ).
     """
-    lifted = _lifted_flux(dg, dmat, *_face_jumps(dg, q, bc, None), flux)
+    lifted = _lifted_flux(dg.normal, dmat, *_local_jumps(dg, q, bc), flux)
     return jnp.concatenate([(lifted[:3] - out[:3] * dmat.eps) / mat.eps,
                             (lifted[3:] - out[3:] * dmat.mu) / mat.mu])
+
+
+def _mirror_sign(bc, dtype):
+    """``(6, 1, 1, 1, 1)``: the mirror state on a boundary face is this times the own state."""
+    sgn = jnp.asarray([-1.0] * 3 + [1.0] * 3 if bc == "pec" else [1.0] * 3 + [-1.0] * 3, dtype)
+    return sgn[:, None, None, None, None]
 
 
 def _face_jumps(dg: DG, q, bc, exchange):
@@ -368,28 +406,43 @@ def _face_jumps(dg: DG, q, bc, exchange):
     states on the boundary)."""
     ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     qf = faces(q)  # (6, E, 6, n, n): one packed exchange for all components
-    sgn = jnp.asarray([-1.0] * 3 + [1.0] * 3 if bc == "pec" else [1.0] * 3 + [-1.0] * 3, q.dtype)
-    mirror = sgn[:, None, None, None, None] * qf
-    dq = ex(qf) - 2.0 * qf + dg.boundary * mirror  # neighbour − own (mirror on the boundary)
+    dq = ex(qf) - 2.0 * qf + dg.boundary * _mirror_sign(bc, q.dtype) * qf  # neighbour − own
     return _cross(dg.normal, dq[:3]), _cross(dg.normal, dq[3:])
 
 
-def _lifted_flux(dg: DG, c: Material, nxdE, nxdH, flux):
-    """The lifted flux terms ``(6, E, n, n, n)`` [E rows, H rows] from the face jumps and the
-    coefficients ``c.cE, c.aE, c.cH, c.aH`` (the material's, or a change of them: the terms are
-    linear in both)."""
+def _local_jumps(dg: DG, q, bc):
+    """:func:`_face_jumps` with the neighbours read through ``dg.nbr`` and mirror states where
+    ``nbr < 0`` (what the fused kernel computes: distributed, remote neighbours are mirrored)."""
+    qf = faces(q)
+    nb = jnp.where(dg.nbr >= 0, local_neighbor_values(dg, q), _mirror_sign(bc, q.dtype) * qf)
+    dq = nb - qf
+    return _cross(dg.normal, dq[:3]), _cross(dg.normal, dq[3:])
+
+
+def _lifted_flux(normal, c: Material, nxdE, nxdH, flux):
+    """The lifted flux terms ``(6, E, n, n, n)`` [E rows, H rows] from the face jumps, the outward
+    ``normal: (3, E, 6, n, n)`` and the coefficients ``c.cE, c.aE, c.cH, c.aH`` (the material's,
+    or a change of them: the terms are linear in both)."""
     fE = c.cE * nxdH
     fH = -c.cH * nxdE
     if flux == "upwind":
-        fE = fE - c.aE * _cross(dg.normal, nxdE)
-        fH = fH - c.aH * _cross(dg.normal, nxdH)
+        fE = fE - c.aE * _cross(normal, nxdE)
+        fH = fH - c.aH * _cross(normal, nxdH)
     return lift_faces(jnp.concatenate([fE, fH]))
 
 
 def _rhs(dg: DG, mat: Material, q, flux, bc, exchange, form):
     """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
     curlE, curlH = _curls(dg, q, form)
-    lifted = _lifted_flux(dg, mat, *_face_jumps(dg, q, bc, exchange), flux)
+    lifted = _lifted_flux(dg.normal, mat, *_face_jumps(dg, q, bc, exchange), flux)
+    return jnp.concatenate([(curlH + lifted[:3]) / mat.eps, (lifted[3:] - curlE) / mat.mu])
+
+
+def _rhs_local(dg: DG, mat: Material, q, flux, bc):
+    """The fused kernel's operator in einsum form (chain-rule curls, :func:`_local_jumps`): on one
+    device :func:`_rhs` itself; distributed, the rank's part with remote neighbours mirrored."""
+    curlE, curlH = _curls(dg, q, "chain")
+    lifted = _lifted_flux(dg.normal, mat, *_local_jumps(dg, q, bc), flux)
     return jnp.concatenate([(curlH + lifted[:3]) / mat.eps, (lifted[3:] - curlE) / mat.mu])
 
 
