@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install jaxsem into ./.venv and run the whole test suite:
-#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto  [extra args]
+#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto --durations=25  [extra args]
 #   2. MPI tests         mpirun -n 2 python -m pytest tests/mpi; -n 4 on the multi-neighbour subset
 #   3. notebooks         python -m pytest -n auto --nbmake notebooks/   (if any exist)
 #
@@ -144,7 +144,8 @@ mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
 # Serial tests and notebooks on all cores (pytest-xdist; PYTEST_WORKERS=1 for one process):
 # most of their time is single-threaded XLA compilation.
 WORKERS="${PYTEST_WORKERS:-auto}"
-run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" "$@"
+# --durations: the slowest tests in every log, to keep the suite's time in view.
+run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --durations=25 "$@"
 # Four ranks add what two cannot show: several neighbours per rank, nodes shared by 3-4 ranks,
 # multi-round exchanges and uneven partitions (gather-scatter, PCG, the gradient through the
 # exchange, Maxwell, advection, NaN detection and checkpoints on every rank, test_comm_mpi.py's
