@@ -45,7 +45,8 @@ from ..core import basis
 from ..parallel.comm import Comm, resolve_collective
 from . import shard
 from .base import Discretization
-from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed, received_positions
+from .gather_scatter import (GatherScatter, exchange_received, gs_apply, make_gs, make_gs_distributed,
+                             received_positions)
 from ..core.geometry import geometric_factors, quadrature
 from ..mesh.box import Mesh
 from ..mesh.numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
@@ -496,11 +497,8 @@ def remote_values(dg: DG, u):
     :func:`local_neighbor_values` leaves out.
     """
     ex = dg.fgs.exchange
-    lead = u.shape[:-4]
-    flat = u.reshape(lead + (-1,))
-    got = ex.comm.exchange(ex, [jnp.take(flat, dg.face_vol[i], axis=-1) for i in ex.idx])
-    parts = [jnp.zeros(lead + (0,), u.dtype) if r is None else r for r in got]
-    received = jnp.concatenate(parts + [jnp.zeros(lead + (1,), u.dtype)], axis=-1)
+    vol = dataclasses.replace(ex, idx=tuple(dg.face_vol[i] for i in ex.idx))  # messages from u
+    received = exchange_received(vol, u.reshape(u.shape[:-4] + (-1,)))  # (..., K + 1)
     K = received.shape[-1] - 1
     return jnp.take(received, dg.halo_map, axis=-1), dg.halo_map < K
 

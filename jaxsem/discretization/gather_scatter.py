@@ -93,9 +93,9 @@ def exchange_received(ex: Exchange, s):
 
     The received partial sums of every round, concatenated in round order
     (see :func:`received_positions`), then one zero slot at position ``K``.
-    For schedules that compute the purely local work while the messages travel
-    and add the remote part afterwards (:mod:`jaxsem.models.advection`,
-    ``schedule="overlap"``).
+    For operators that compute the purely local work and add the remote part
+    afterwards (:func:`jaxsem.dg.remote_values`, with messages packed from a
+    volume field).
     """
     empty = jnp.zeros(s.shape[:-1] + (0,), s.dtype)
     parts = [empty if r is None else r for r in _round_messages(ex, s)]
@@ -296,13 +296,3 @@ def _gs_csr(u2, off, idx, gid, N):
 def _gs_csr_jvp(N, primals, tangents):
     u2, off, idx, gid = primals
     return _gs_csr(u2, off, idx, gid, N), _gs_segment(tangents[0], gid, N)
-
-
-def global_to_local(plan: GatherScatter, ug):
-    """Q: copy global values ``ug: (..., num_global)`` to an E-vector ``(..., L)``."""
-    return jnp.take(ug, plan.gid, axis=-1)
-
-
-def local_to_global(plan: GatherScatter, u):
-    """Qᵀ on one flat E-vector ``u: (L,)`` → ``(num_global,)``."""
-    return _qt(plan, u.reshape(-1))

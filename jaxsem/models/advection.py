@@ -41,7 +41,6 @@ from ..core import basis
 from ..solvers import timestepping as ts
 from ..discretization.dg import (DG, Exchange, face_exchange, faces, lift_faces, local_neighbor_values,
                                  neighbor_values, remote_values)
-from ..discretization.gather_scatter import exchange_received, global_to_local, local_to_global
 from ..mesh.box import Mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, relative_error
@@ -206,9 +205,10 @@ def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | Non
       the volume term before the exchange has finished);
     * ``"overlap"``: start the exchange, compute everything that needs no remote
       data — the volume term of all elements and the face terms with the local
-      neighbours (remote ones count as 0) — then, when the messages are in, add
-      the remote neighbours' part of the flux on the halo elements only
-      (``dg.halo``). The flux is linear in the neighbour value, so the sum
+      neighbours read through ``dg.nbr`` (remote ones count as 0) — then, when
+      the messages (gathered straight from ``u``: :func:`jaxsem.dg.remote_values`)
+      are in, add the remote neighbours' part of the flux on the halo elements
+      only (``dg.halo``). The flux is linear in the neighbour value, so the sum
       equals the bulk result up to round-off. Whether the compiled program
       really overlaps depends on the backend (a ShardComm's ``ppermute`` can
       be asynchronous; mpi4jax's ``sendrecv`` blocks): see
@@ -223,10 +223,11 @@ def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | Non
     check_choice(flux, "flux", FLUXES)
     check_choice(form, "form", FORMS)
     check_choice(schedule, "schedule", SCHEDULES)
-    if _fusable(dg, exchange):
-        out = _fused_rhs(dg, tr, u, flux, form)
+    fused = _fusable(dg, exchange)
+    if fused or (exchange is None and dg.halo is not None and schedule == "overlap"):
+        out = _fused_rhs(dg, tr, u, flux, form) if fused else _rhs_local(dg, tr, u, flux, form)
         return out if dg.halo is None else out.at[dg.halo].add(_remote_flux(dg, tr, u, flux))
-    return _rhs(dg, tr, u, flux, exchange, form, schedule)
+    return _rhs(dg, tr, u, flux, exchange, form)
 
 
 def _fusable(dg: DG, exchange) -> bool:
@@ -261,14 +262,12 @@ def _rhs_local(dg: DG, tr: Transport, u, flux, form):
 
 
 def _remote_flux(dg: DG, tr: Transport, u, flux):
-    """``(H, n, n, n)``: the remote neighbours' part of the flux on the halo elements."""
-    return _halo_flux(dg, tr, remote_values(dg, u)[0], flux)
+    """``(H, n, n, n)``: the remote neighbours' part of the flux on the halo elements ``dg.halo``.
 
-
-def _halo_flux(dg: DG, tr: Transport, dup, flux):
-    """The lifted flux of the remote neighbour values ``dup: (H, 6, n, n)`` (0 where the
-    neighbour is not remote) on the halo elements: the flux is linear in the neighbour value,
-    f* grows by (½vn − ½α|vn|) u⁺ and the lifted term is −f*."""
+    The flux is linear in the neighbour value u⁺: with the remote values ``dup: (H, 6, n, n)``
+    (0 where the neighbour is not remote), f* grows by (½vn − ½α|vn|) u⁺ and the lifted term
+    is −f*."""
+    dup = remote_values(dg, u)[0]
     h = dg.halo
     vn = tr.vn[h]
     dflux = 0.5 * vn * dup
@@ -277,28 +276,16 @@ def _halo_flux(dg: DG, tr: Transport, dup, flux):
     return lift_faces(-tr.lw[h] * dflux)
 
 
-def _rhs(dg: DG, tr: Transport, u, flux, exchange, form, schedule):
-    """:func:`rhs` with einsum contractions and the face exchange (the reference)."""
+def _rhs(dg: DG, tr: Transport, u, flux, exchange, form):
+    """:func:`rhs` with einsum contractions and the face exchange (the reference; ``schedule="bulk"``)."""
     distributed = exchange is None and dg.fgs.exchange is not None
     uf = faces(u)  # (E, 6, n, n): one component through the exchange
-    if distributed and schedule == "overlap":
-        return _rhs_overlap(dg, tr, u, uf, flux, form)
     ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
     total = ex(uf[None])[0]
     if distributed:
         u, total = jax.lax.optimization_barrier((u, total))
     up = total - uf  # neighbour (0 = inflow on the boundary)
     return _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
-
-
-def _rhs_overlap(dg, tr, u, uf, flux, form):
-    plan = dg.fgs
-    s = local_to_global(plan, uf)  # this rank's sums: the complete sum where no copy is remote
-    received = exchange_received(plan.exchange, s)  # (K + 1,): the remote copies' values
-    up = global_to_local(plan, s).reshape(uf.shape) - uf  # local neighbours; 0 where remote
-    local = _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
-    dup = received[dg.halo_map]  # (H, 6, n, n) remote neighbour values, 0 elsewhere
-    return local.at[dg.halo].add(_halo_flux(dg, tr, dup, flux))
 
 
 @functools.lru_cache(maxsize=None)
