@@ -18,7 +18,8 @@ import time
 
 if "jax" in sys.modules:  # pragma: no cover
     raise RuntimeError("shard_check.py must set XLA_FLAGS before jax is imported")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+if "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # four devices, other flags kept
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -31,12 +31,19 @@ class Finished(NamedTuple):
 
 def env(devices: int | None = None, base: dict | None = None) -> dict:
     """``base`` (default ``os.environ``) with ``JAX_PLATFORMS=cpu`` and, for ``devices``, that many
-    forced host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=devices``)."""
+    forced host devices (``--xla_force_host_platform_device_count=devices`` in ``XLA_FLAGS``, the
+    base's other XLA flags kept)."""
     out = dict(os.environ if base is None else base)
     out["JAX_PLATFORMS"] = "cpu"
     if devices is not None:
-        out["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(devices)}"
+        out["XLA_FLAGS"] = with_device_count(out.get("XLA_FLAGS", ""), devices)
     return out
+
+
+def with_device_count(flags: str, devices: int) -> str:
+    """``flags`` (an ``XLA_FLAGS`` value) with the forced host device count set to ``devices``."""
+    keep = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join(keep + [f"--xla_force_host_platform_device_count={int(devices)}"])
 
 
 def start(args, devices: int | None = None, *, launcher=(), base_env: dict | None = None) -> subprocess.Popen:

@@ -1,8 +1,8 @@
 """Discretizations over several devices (discretize(mesh, devices=P): global arrays, shard_map inside) equal serial.
 
-Runs tests/shard_check.py in subprocesses (XLA_FLAGS must be set before jax
-is imported) with 4 forced CPU devices, sharded over P = 2 and P = 4 of them,
-and checks what it printed: the sharded gather–scatter (periodic axes, an
+Runs tests/shard_check.py in a subprocess (XLA_FLAGS must be set before jax
+is imported) with 4 forced CPU devices, sharded over all four, and checks what
+it printed: the sharded gather–scatter (periodic axes, an
 uneven partition with random junk on the padding elements) equals the serial
 one to 1e-13; BP5 and BP4 (3-vector) PCG solves (tol 1e-12) equal the
 serial ones to 1e-12 with equal iteration counts; a fixed 17-iteration BP5 on
@@ -10,8 +10,16 @@ an uneven partition ((5, 3, 1) elements) and a solve on a periodic mesh equal
 serial (Krylov vectors in assembled storage, and as E-vectors); the bake-off's
 fixed-iteration run on assembled vectors split over the devices has the serial residual
 history; and jax.grad through a sharded solve w.r.t. the source values at the
-quadrature points equals the serial gradient to 1e-11. At P = 4 the same with the
+quadrature points equals the serial gradient to 1e-11; and the same with the
 exchange as one all_to_all instead of ppermute rounds.
+
+Four devices cover what two would: uneven element counts, several neighbours per
+device with exchanges of several rounds (checked), and on the mesh periodic in x
+and y a pair of devices that shares two faces. Fewer devices run in
+`jaxsem solve --devices 2` below, the Navier–Stokes check (three devices) and
+tests/test_distributed_jax.py (two processes); `python tests/shard_check.py 2`
+runs these checks on two by hand. Each run of them compiles its programs and the
+serial references anew: a second device count would double the module's time.
 
 The MPI backend is checked against the same serial results in
 tests/mpi/test_distributed.py (same meshes, same tolerances), so equality with
@@ -30,17 +38,16 @@ import pytest
 import subproc
 
 CHECK = Path(__file__).with_name("shard_check.py")
+P = 4  # devices the checks shard over
 
 
-def run_checks() -> dict:
-    # both device counts at once: the compilations dominate and run on separate cores
-    procs = {P: subproc.start([CHECK, P], devices=4) for P in (2, 4)}
-    return {P: subproc.finish(proc) for P, proc in procs.items()}
+def run_checks() -> subproc.Finished:
+    return subproc.finish(subproc.start([CHECK, P], devices=P))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """shard_check.py's results for P = 2 and 4, computed once per test session.
+    """shard_check.py's results, computed once per test session.
 
     Under pytest-xdist the tests of this module may land on different workers, each with its
     own module fixture; the first worker to get here runs the checks and leaves the results in
@@ -57,20 +64,19 @@ def results(tmp_path_factory):
         while not out.exists():
             assert time.monotonic() < deadline, f"no {out} from the worker that took {lock}"
             time.sleep(0.2)
-        return {int(P): subproc.Finished(*r) for P, r in json.loads(out.read_text()).items()}
-    res = {P: subproc.Finished(-1, None, "shard_check.py not run") for P in (2, 4)}
+        return subproc.Finished(*json.loads(out.read_text()))
+    res = subproc.Finished(-1, None, "shard_check.py not run")
     try:
         res = run_checks()
         return res
     finally:  # always leave something, so that no worker waits in vain
         tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({P: list(r) for P, r in res.items()}))
+        tmp.write_text(json.dumps(list(res)))
         tmp.replace(out)
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_sharded_equals_serial(results, P):
-    rc, res, text = results[P]
+def test_sharded_equals_serial(results):
+    rc, res, text = results
     assert res is not None, f"shard_check.py {P} printed no RESULT (exit {rc}):\n{text[-4000:]}"
     assert res["P"] == P and res["failed"] == [], res
     assert rc == 0, text[-4000:]
@@ -90,11 +96,10 @@ def test_sharded_equals_serial(results, P):
     assert res["grad_f_err"] < 1e-11
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_sharded_dg_equals_serial(results, P):
+def test_sharded_dg_equals_serial(results):
     """DG on the shard backend: 6 LSERK4 advection steps with each schedule (bulk, overlap) and a
     Maxwell right-hand side on an uneven partition equal serial; dummy elements stay exactly 0."""
-    rc, res, text = results[P]
+    rc, res, text = results
     assert res is not None, text[-4000:]
     assert sum(res["dg_sizes"]) == 12 and len(set(res["dg_sizes"])) > 1, res
     assert res["dg_halo"][0] == P and res["dg_halo"][1] >= 1
@@ -104,14 +109,13 @@ def test_sharded_dg_equals_serial(results, P):
     assert res["maxwell_rhs_err"] < 1e-12, res
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_sharded_fused_dg_equals_serial(results, P):
+def test_sharded_fused_dg_equals_serial(results):
     """The fused DG path distributed (the kernel reads the neighbours a device has and mirrors,
     or for advection zeroes, the remote ones; their flux is added on the halo elements) equals
     serial: Maxwell's right-hand side for PEC and PMC and its ε-gradient through 3 LSERK4 steps
     (finite on the pad elements too), advection's right-hand side. On CPU the kernel is its
     einsum form."""
-    rc, res, text = results[P]
+    rc, res, text = results
     assert res is not None, text[-4000:]
     for name in ("maxwell_fused_pec", "maxwell_fused_pmc", "maxwell_fused_grad_eps", "advection_fused"):
         assert res[f"{name}_err"] < 1e-12, res
@@ -119,10 +123,10 @@ def test_sharded_fused_dg_equals_serial(results, P):
 
 
 def test_all_to_all_equals_rounds(results):
-    """P = 4: the exchange as one all_to_all (collective="all_to_all") gives the ppermute rounds'
+    """The exchange as one all_to_all (collective="all_to_all") gives the ppermute rounds'
     values bitwise (gather–scatter with ≥ 2 rounds, periodic and uneven) and serial's for a BP5
     solve, its gradient and a Maxwell right-hand side."""
-    rc, res, text = results[4]
+    rc, res, text = results
     assert res is not None, text[-4000:]
     for name in ("a2a_gs_periodic_xy", "a2a_gs_uneven"):
         assert res[f"{name}_collective_all_to_all"] == "all_to_all" and res[f"{name}_rounds"] >= 2, res
