@@ -94,9 +94,12 @@ def test_gradient_through_lserk4_equals_einsum(deform, periodic, bc, flux, every
     grad = lambda fused: jax.jit(jax.grad(integrate_loss(dg, mu, flux, bc, fused, chk), argnums=(0, 1)))(eps, q)
     (ge, gq), (fe, fq) = grad(False), grad(True)
     assert rel(fe, ge) < 1e-12 and rel(fq, gq) < 1e-12
-    # the affine path really runs the transpose rule of the linear primitive
+    # the affine path really runs the transpose rule of the linear primitive; every path the
+    # material tangent's primitive (whose transpose is the material adjoint kernel on a GPU)
     jaxpr = str(jax.make_jaxpr(jax.grad(integrate_loss(dg, mu, flux, bc, True, chk), argnums=(0, 1)))(eps, q))
     assert ("jaxsem_maxwell_linear" in jaxpr) == (deform == 0.0)
+    assert "jaxsem_maxwell_material_tangent" in str(jax.make_jaxpr(
+        jax.linearize(integrate_loss(dg, mu, flux, bc, True, chk), eps, q)[1])(eps, q))
 
 
 def test_forward_mode_and_vmap():
@@ -108,6 +111,12 @@ def test_forward_mode_and_vmap():
     t_f = jax.jvp(loss, (eps, q), (de, dq))[1]
     t_e = jax.jvp(ref, (eps, q), (de, dq))[1]
     assert abs(float(t_f - t_e)) < 1e-12 * abs(float(t_e))
+    # vmap over directions (the material tangent's primitive batched) equals the loop
+    des = jnp.stack([de, jnp.cos(de), -de ** 2])
+    batched = jax.vmap(lambda d: jax.jvp(loss, (eps, q), (d, dq))[1])(des)
+    for k in range(3):
+        want = jax.jvp(ref, (eps, q), (des[k], dq))[1]
+        assert abs(float(batched[k] - want)) < 1e-12 * abs(float(want))
     mat = mx.material(dg, eps, mu)
     qs = jnp.stack([q, 2.0 * q[::-1], jnp.sin(q)])
     lin = jax.vmap(lambda v: mx._linear(dg, mat, v, "upwind", "pec"))(qs)

@@ -38,7 +38,7 @@ asked for) ahead of time, in parallel.
 
 ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, used
 as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: one of
-:data:`OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``;
+:data:`OPS` or :data:`DERIVATIVE_OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``;
 ``build(folder=…)`` writes such a folder. A kernel whose file is missing there
 raises when it is first called.
 
@@ -70,14 +70,17 @@ from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll,
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
-           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "libraries", "SOURCE", "MAX_N", "OPS", "VARIANTS", "TUNING",
-           "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
+           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "maxwell_material_vjp_cuda", "libraries",
+           "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
 # BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell and advection
 # right-hand sides, BK1/BK2, BK3/BK4 (Gauss, q = n + 1) and the same on assembled vectors
 OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness", "stiffnessa")
+# Libraries of derivative kernels that run their operator's variant (TUNING has no row for them):
+# maxwellm, the Maxwell right-hand side's material adjoint (maxwell_material_vjp_cuda).
+DERIVATIVE_OPS = ("maxwellm",)
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness; for the DG right-hand sides, launch_maxwell and
@@ -211,7 +214,7 @@ def _arch(device) -> str:
 def libraries() -> list[tuple[str, str, int | None]]:
     """Every library key: ``(op, dtype, n)`` for each operator, dtype and n = 2…16, and
     ``("gs", dtype, None)`` for the gather–scatter."""
-    return ([(op, dt, n) for op in OPS for dt in DTYPES for n in range(2, MAX_N + 1)]
+    return ([(op, dt, n) for op in OPS + DERIVATIVE_OPS for dt in DTYPES for n in range(2, MAX_N + 1)]
             + [("gs", dt, None) for dt in DTYPES])
 
 
@@ -513,6 +516,33 @@ def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: boo
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     call = jax.ffi.ffi_call(_ffi_target("maxwell", q.dtype, n), out, vmap_method="sequential")
     args = [a.astype(q.dtype) for a in (D, rx, eps, mu, normal, cE, aE, cH, aH)]
+    return call(q, *args, nbr, variant=np.int32(attr), upwind=np.int32(bool(upwind)), pmc=np.int32(bool(pmc)))
+
+
+def maxwell_material_vjp_cuda(q, lam, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):
+    """The cotangents of ε, μ and the flux coefficients for a cotangent ``lam`` of
+    :func:`maxwell_rhs_cuda`'s result at fixed ``q``, in one launch (the right-hand side is
+    computed in place and contracted with ``lam``, never written out).
+
+    Arguments as :func:`maxwell_rhs_cuda`, ``lam: (6, E, n, n, n)``. Returns ``(g_eps, g_mu)``
+    ``(2, E, n, n, n)`` and ``(g_cE, g_aE, g_cH, g_aH)`` ``(4, E, 6, n, n)`` (the a-terms 0 for
+    the central flux). The kernel variant is the right-hand side's (:data:`TUNING`).
+    """
+    n = q.shape[-1]
+    if q.ndim != 5 or q.shape[0] != 6 or q.dtype not in (jnp.float32, jnp.float64) or not 2 <= n <= MAX_N:
+        raise ValueError(f"maxwell_material_vjp_cuda: q must be (6, E, n, n, n) float32/float64 with "
+                         f"2 <= n <= {MAX_N}, got {q.shape} {q.dtype}")
+    if lam.shape != q.shape:
+        raise ValueError(f"maxwell_material_vjp_cuda: lam must be shaped as q {q.shape}, got {lam.shape}")
+    if nbr.dtype != jnp.int32 or nbr.shape != (q.shape[1], 6, n, n):
+        raise ValueError(f"maxwell_material_vjp_cuda: nbr must be (E, 6, n, n) int32, got {nbr.shape} {nbr.dtype}")
+    if not cuda_available():
+        raise ValueError("maxwell_material_vjp_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc")
+    attr = _attr("maxwell", jax.ShapeDtypeStruct(q.shape[1:], q.dtype))
+    E = q.shape[1]
+    out = (jax.ShapeDtypeStruct((2,) + q.shape[1:], q.dtype), jax.ShapeDtypeStruct((4, E, 6, n, n), q.dtype))
+    call = jax.ffi.ffi_call(_ffi_target("maxwellm", q.dtype, n), out, vmap_method="sequential")
+    args = [a.astype(q.dtype) for a in (lam, D, rx, eps, mu, normal, cE, aE, cH, aH)]
     return call(q, *args, nbr, variant=np.int32(attr), upwind=np.int32(bool(upwind)), pmc=np.int32(bool(pmc)))
 
 

@@ -303,15 +303,18 @@ def _linear_jvp(primals, tangents, *, tree, flux, bc):
     return out, _linear_p.bind(dq, *leaves, tree=tree, flux=flux, bc=bc)
 
 
-def _linear_batch(args, dims, **params):
-    """vmap: one launch per batch member (as the kernel's own ``vmap_method="sequential"``)."""
-    moved = [None if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+def _batch_by_map(prim):
+    """vmap of ``prim``: one launch per batch member (as the kernel's own ``vmap_method="sequential"``)."""
+    def batch(args, dims, **params):
+        moved = [None if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
 
-    def one(xs):
-        it = iter(xs)
-        return _linear_p.bind(*[a if m is None else next(it) for a, m in zip(args, moved)], **params)
+        def one(xs):
+            it = iter(xs)
+            return prim.bind(*[a if m is None else next(it) for a, m in zip(args, moved)], **params)
 
-    return jax.lax.map(one, [m for m in moved if m is not None]), 0
+        return jax.lax.map(one, [m for m in moved if m is not None]), 0
+
+    return batch
 
 
 _linear_p.def_impl(_linear_impl)
@@ -319,7 +322,82 @@ _linear_p.def_abstract_eval(lambda q, *leaves, **params: q)
 mlir.register_lowering(_linear_p, mlir.lower_fun(_linear_impl, False))
 ad.primitive_jvps[_linear_p] = _linear_jvp
 ad.primitive_transposes[_linear_p] = _linear_transpose
-batching.primitive_batchers[_linear_p] = _linear_batch
+batching.primitive_batchers[_linear_p] = _batch_by_map(_linear_p)
+
+
+# The tangent in the material at fixed q, d rhs = M(dmat), is linear in dmat: a primitive too
+# (operands: dmat's leaves, q, the leaves of (dg, mat)), so that its transpose, the cotangents of
+# ε, μ and the flux coefficients, is one more kernel (cuda.maxwell_material_vjp_cuda: the
+# right-hand side computed in place and contracted with the cotangent) instead of the dozens of
+# XLA passes JAX's transpose of the written-out form takes; and reverse mode keeps only q, not
+# the right-hand side's value. Off the GPU the transpose is JAX's of :func:`_material_tangent`.
+
+_material_p = jax.extend.core.Primitive("jaxsem_maxwell_material_tangent")
+
+
+def _material_lin(dg: DG, mat: Material, q, dmat: Material, flux, bc):
+    """:func:`_material_tangent` (with ``out`` the operator's value at ``q``) as the primitive."""
+    dleaves, dtree = jax.tree_util.tree_flatten(dmat)
+    leaves, tree = jax.tree_util.tree_flatten((dg, mat))
+    return _material_p.bind(*dleaves, q, *leaves, tree=tree, dtree=dtree, flux=flux, bc=bc)
+
+
+def _material_args(args, tree, dtree):
+    nd = dtree.num_leaves
+    dg, mat = jax.tree_util.tree_unflatten(tree, args[nd + 1:])
+    return args[:nd], args[nd], dg, mat
+
+
+def _material_impl(*args, tree, dtree, flux, bc):
+    dleaves, q, dg, mat = _material_args(args, tree, dtree)
+    dmat = jax.tree_util.tree_unflatten(dtree, dleaves)
+    return _material_tangent(dg, mat, q, _kernel_value(dg, mat, q, flux, bc), dmat, flux, bc)
+
+
+def _material_vjp(dg: DG, mat: Material, q, ct, flux, bc) -> Material:
+    """The cotangents of the material's fields for a cotangent ``ct`` of rhs at fixed ``q``."""
+    if dg.backend.name == "cuda":
+        from ..backends import cuda
+
+        gn, gf = cuda.maxwell_material_vjp_cuda(q, ct, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE,
+                                                mat.cH, mat.aH, dg.nbr, flux == "upwind", bc == "pmc")
+        return Material(eps=gn[0], mu=gn[1], cE=gf[0], aE=gf[1], cH=gf[2], aH=gf[3])
+    out = _rhs_local(dg, mat, q, flux, bc)
+    return jax.linear_transpose(lambda dm: _material_tangent(dg, mat, q, out, dm, flux, bc), mat)(ct)[0]
+
+
+def _material_transpose(ct, *args, tree, dtree, flux, bc):
+    dleaves, q, dg, mat = _material_args(args, tree, dtree)
+    if ad.is_undefined_primal(q) or any(ad.is_undefined_primal(a) for a in args[dtree.num_leaves + 1:]):
+        raise NotImplementedError("the fused Maxwell operator's material tangent is linear in the material only")
+    rest = [None] * (len(args) - len(dleaves))
+    if type(ct) is ad.Zero:
+        return [ad.Zero(d.aval) if ad.is_undefined_primal(d) else None for d in dleaves] + rest
+    g = jax.tree_util.tree_leaves(_material_vjp(dg, mat, q, ct, flux, bc))
+    return [gi if ad.is_undefined_primal(d) else None for gi, d in zip(g, dleaves)] + rest
+
+
+def _material_jvp(primals, tangents, *, tree, dtree, flux, bc):
+    nd = dtree.num_leaves
+    if any(type(t) is not ad.Zero for t in tangents[nd:]):
+        raise NotImplementedError(
+            "second derivatives through the fused Maxwell kernel are not implemented: "
+            "discretize_dg(..., backend='einsum') differentiates to any order")
+    params = dict(tree=tree, dtree=dtree, flux=flux, bc=bc)
+    out = _material_p.bind(*primals, **params)
+    dts = tangents[:nd]
+    if all(type(t) is ad.Zero for t in dts):
+        return out, jnp.zeros_like(out)
+    dts = [jnp.zeros(p.shape, p.dtype) if type(t) is ad.Zero else t for t, p in zip(dts, primals)]
+    return out, _material_p.bind(*dts, *primals[nd:], **params)
+
+
+_material_p.def_impl(_material_impl)
+_material_p.def_abstract_eval(lambda *args, dtree, **params: args[dtree.num_leaves])
+mlir.register_lowering(_material_p, mlir.lower_fun(_material_impl, False))
+ad.primitive_jvps[_material_p] = _material_jvp
+ad.primitive_transposes[_material_p] = _material_transpose
+batching.primitive_batchers[_material_p] = _batch_by_map(_material_p)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -329,9 +407,9 @@ def _fused_rhs(dg: DG, mat: Material, q, flux, bc):
     return _kernel_value(dg, mat, q, flux, bc)
 
 
-def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, value: Callable):
+def _tangent(dg: DG, mat: Material, q, tangents, flux, bc):
     """d rhs along ``tangents = (ddg, dmat, dq)`` (SymbolicZero leaves where not perturbed), or
-    ``None`` if all are zero; ``value()`` gives rhs(q) (only the material tangent needs it)."""
+    ``None`` if all are zero."""
     ddg, dmat, dq = tangents
     parts = []
     if not _is_zero(dq):
@@ -341,7 +419,7 @@ def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, value: Callable):
         else:
             parts.append(jax.jvp(lambda v: _rhs_local(dg, mat, v, flux, bc), (q,), (dq,))[1])
     if not _is_zero(dmat):
-        parts.append(_material_tangent(dg, mat, q, value(), _instantiate(dmat, mat), flux, bc))
+        parts.append(_material_lin(dg, mat, q, _instantiate(dmat, mat), flux, bc))
     if not _is_zero(ddg):
         ddg = _instantiate(ddg, dg)
         parts.append(jax.jvp(lambda g: _rhs_local(g, mat, q, flux, bc), (dg,), (ddg,))[1])
@@ -351,7 +429,7 @@ def _tangent(dg: DG, mat: Material, q, tangents, flux, bc, value: Callable):
 def _fused_rhs_jvp(flux, bc, primals, tangents):
     dg, mat, q = primals
     out = _fused_rhs(dg, mat, q, flux, bc)
-    tan = _tangent(dg, mat, q, tangents, flux, bc, lambda: out)
+    tan = _tangent(dg, mat, q, tangents, flux, bc)
     return out, jnp.zeros_like(out) if tan is None else tan
 
 

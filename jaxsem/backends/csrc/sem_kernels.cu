@@ -139,7 +139,8 @@ extern __shared__ __align__(16) unsigned char jaxsem_smem[];
 // order) before each launch.
 // BK5: D (n²); mass: J (qn); stiffness: J (qn) then Dq (q²); q = n + 1.
 __host__ __device__ constexpr int ops_words(int n) {
-#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A) || defined(JAXSEM_OP_MAXWELL) || defined(JAXSEM_OP_ADVECTION)
+#if defined(JAXSEM_OP_BK5) || defined(JAXSEM_OP_BK5A) || defined(JAXSEM_OP_MAXWELL) || defined(JAXSEM_OP_MAXWELLM) || \
+    defined(JAXSEM_OP_ADVECTION)
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
@@ -861,9 +862,30 @@ __device__ __forceinline__ void cross_add(T s, const T (&a)[3], const T (&b)[3],
   out[2] += s * (a[0] * b[1] - a[1] * b[0]);
 }
 
+// The material adjoint (cuda.maxwell_material_vjp_cuda): for a cotangent lam (6, E, n³) of dq/dt,
+// the cotangents of eps, mu (E, n³) and of the flux coefficients cE, aE, cH, aH (E, 6, n²) at
+// fixed q: with dq/dt_E = (∇×H + Σ_f [cE n×ΔH − aE n×(n×ΔE)])/ε (and H alike),
+//   g_eps = −lam_E·(dq/dt)_E/ε,  g_cE = lam_E·(n×ΔH)/ε,  g_aE = −lam_E·(n×(n×ΔE))/ε,
+//   g_mu = −lam_H·(dq/dt)_H/μ,   g_cH = −lam_H·(n×ΔE)/μ,  g_aH = −lam_H·(n×(n×ΔH))/μ
+// (a-terms 0 with the central flux): the right-hand side computed as maxwell_kernel does and
+// contracted with lam in place, instead of written out.
+struct MaxwellMatArgs {
+  const JAXSEM_REAL* lam;
+  JAXSEM_REAL* gnode;  // (2, E, n³): g_eps, g_mu
+  JAXSEM_REAL* gface;  // (4, E, 6, n²): g_cE, g_aE, g_cH, g_aH
+};
+
 template <int N, typename T>
+__device__ __forceinline__ T dot3(const T (&a)[3], const T (&b)[3]) {
+  return a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
+}
+
+// MAT: also write the face point's flux-coefficient cotangents (lE = lam_E/ε, lH = lam_H/μ).
+template <int N, typename T, bool MAT = false>
 __device__ __forceinline__ void maxwell_face(const MaxwellArgs& A, const T* U, int64_t e, int f, int v, int u,
-                                             int node, T (&sE)[3], T (&sH)[3]) {
+                                             int node, T (&sE)[3], T (&sH)[3],
+                                             const MaxwellMatArgs* M = nullptr, const T* lE = nullptr,
+                                             const T* lH = nullptr) {
   constexpr int n2 = N * N, n3 = N * N * N;
   const int64_t fp = (e * 6 + f) * n2 + v * N + u, fstride = A.E * 6 * n2;
   const int64_t stride = A.E * n3;
@@ -897,12 +919,27 @@ __device__ __forceinline__ void maxwell_face(const MaxwellArgs& A, const T* U, i
     cross_add<N, T>(-A.aE[fp], nv, nxdE, sE);
     cross_add<N, T>(-A.aH[fp], nv, nxdH, sH);
   }
+  if constexpr (MAT) {
+    const int64_t gstride = A.E * 6 * n2;
+    const T le[3] = {lE[0], lE[1], lE[2]}, lh[3] = {lH[0], lH[1], lH[2]};
+    M->gface[fp] = dot3<N, T>(le, nxdH);
+    M->gface[2 * gstride + fp] = -dot3<N, T>(lh, nxdE);
+    T nnE[3] = {0, 0, 0}, nnH[3] = {0, 0, 0};
+    if (A.upwind) {
+      cross_add<N, T>(T(1), nv, nxdE, nnE);
+      cross_add<N, T>(T(1), nv, nxdH, nnH);
+    }
+    M->gface[gstride + fp] = -dot3<N, T>(le, nnE);
+    M->gface[3 * gstride + fp] = -dot3<N, T>(lh, nnH);
+  }
 }
 
 // UNROLL: how far the derivative loops are unrolled (N: fully, variant 2, 252 registers at N = 8;
 // 2: variant 3, 90 registers, so two blocks per multiprocessor).
-template <int N, typename T, int UNROLL>
-__global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kernel(MaxwellArgs A) {
+// MAT: the material adjoint above instead of dq/dt (M: its arrays).
+template <int N, typename T, int UNROLL, bool MAT = false>
+__global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kernel(MaxwellArgs A,
+                                                                                 MaxwellMatArgs M = {}) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
   T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
@@ -945,37 +982,58 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kerne
       }
     }
     T sE[3] = {0, 0, 0}, sH[3] = {0, 0, 0};
-    if (i == 0) maxwell_face<N, T>(A, U, e, 0, k, j, node, sE, sH);
-    if (i == N - 1) maxwell_face<N, T>(A, U, e, 1, k, j, node, sE, sH);
-    if (j == 0) maxwell_face<N, T>(A, U, e, 2, k, i, node, sE, sH);
-    if (j == N - 1) maxwell_face<N, T>(A, U, e, 3, k, i, node, sE, sH);
-    if (k == 0) maxwell_face<N, T>(A, U, e, 4, j, i, node, sE, sH);
-    if (k == N - 1) maxwell_face<N, T>(A, U, e, 5, j, i, node, sE, sH);
+    // 1/ε, 1/μ ahead of the face branches: their loads are in flight during them (7-9% faster
+    // a step than after them, docs/performance.md)
     const T ie = T(1) / A.eps[base + node], im = T(1) / A.mu[base + node];
+    T lE[3] = {0, 0, 0}, lH[3] = {0, 0, 0};
+    if constexpr (MAT) {
 #pragma unroll
-    for (int c = 0; c < 3; ++c) {
-      A.w[c * stride + base + node] = (curl[c + 3] + sE[c]) * ie;
-      A.w[(c + 3) * stride + base + node] = (sH[c] - curl[c]) * im;
+      for (int c = 0; c < 3; ++c) {
+        lE[c] = M.lam[c * stride + base + node] * ie;
+        lH[c] = M.lam[(c + 3) * stride + base + node] * im;
+      }
+    }
+    if (i == 0) maxwell_face<N, T, MAT>(A, U, e, 0, k, j, node, sE, sH, &M, lE, lH);
+    if (i == N - 1) maxwell_face<N, T, MAT>(A, U, e, 1, k, j, node, sE, sH, &M, lE, lH);
+    if (j == 0) maxwell_face<N, T, MAT>(A, U, e, 2, k, i, node, sE, sH, &M, lE, lH);
+    if (j == N - 1) maxwell_face<N, T, MAT>(A, U, e, 3, k, i, node, sE, sH, &M, lE, lH);
+    if (k == 0) maxwell_face<N, T, MAT>(A, U, e, 4, j, i, node, sE, sH, &M, lE, lH);
+    if (k == N - 1) maxwell_face<N, T, MAT>(A, U, e, 5, j, i, node, sE, sH, &M, lE, lH);
+    if constexpr (MAT) {
+      T ge = 0, gm = 0;
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
+        ge -= lE[c] * (curl[c + 3] + sE[c]) * ie;
+        gm -= lH[c] * (sH[c] - curl[c]) * im;
+      }
+      M.gnode[base + node] = ge;
+      M.gnode[stride + base + node] = gm;
+    } else {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
+        A.w[c * stride + base + node] = (curl[c + 3] + sE[c]) * ie;
+        A.w[(c + 3) * stride + base + node] = (sH[c] - curl[c]) * im;
+      }
     }
   }
 }
 
-template <int N, typename T>
-bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A) {
+template <int N, typename T, bool MAT = false>
+bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A, const MaxwellMatArgs& M = {}) {
   constexpr int EB = elements_per_block<N>();
   dim3 block(N, N, EB), grid(unsigned((A.E + EB - 1) / EB));
   const size_t smem = sizeof(T) * (N * N + EB * 6 * N * N * N);
   switch (variant) {
     case 2: {
-      auto kernel = maxwell_kernel<N, T, N>;
+      auto kernel = maxwell_kernel<N, T, N, MAT>;
       allow_smem(kernel, smem);
-      kernel<<<grid, block, smem, st>>>(A);
+      kernel<<<grid, block, smem, st>>>(A, M);
       return true;
     }
     case 3: {
-      auto kernel = maxwell_kernel<N, T, 2>;
+      auto kernel = maxwell_kernel<N, T, 2, MAT>;
       allow_smem(kernel, smem);
-      kernel<<<grid, block, smem, st>>>(A);
+      kernel<<<grid, block, smem, st>>>(A, M);
       return true;
     }
     default: return false;
@@ -1442,6 +1500,35 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_MAXWELLM)
+// The material adjoint (MaxwellMatArgs): q and the coefficients as for JAXSEM_OP_MAXWELL, lam (6, E, n³);
+// results gnode (2, E, n³) and gface (4, E, 6, n²).
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t pmc, ffi::AnyBuffer q,
+                       ffi::AnyBuffer lam, ffi::AnyBuffer D, ffi::AnyBuffer rx, ffi::AnyBuffer eps,
+                       ffi::AnyBuffer mu, ffi::AnyBuffer normal, ffi::AnyBuffer cE, ffi::AnyBuffer aE,
+                       ffi::AnyBuffer cH, ffi::AnyBuffer aH, ffi::AnyBuffer nbr, ffi::Result<ffi::AnyBuffer> gnode,
+                       ffi::Result<ffi::AnyBuffer> gface) {
+  Shape s;
+  if (auto err = check(q, s); err.failure()) return err;
+  if (s.C != 6) return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: q must be (6, E, n, n, n)");
+  if (lam.element_count() != q.element_count() || lam.element_type() != q.element_type())
+    return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: lam must be shaped as q");
+  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
+    return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: nbr must be (E, 6, n, n) int32");
+  if (s.E == 0) return ffi::Error::Success();
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  MaxwellArgs A{P(q), P(D), P(rx), P(eps), P(mu), P(normal), P(cE), P(aE), P(cH), P(aH),
+                static_cast<const int32_t*>(nbr.untyped_data()), nullptr, s.E, upwind != 0, pmc != 0};
+  MaxwellMatArgs M{P(lam), static_cast<T*>(gnode->untyped_data()), static_cast<T*>(gface->untyped_data())};
+  return finish(launch_maxwell<JAXSEM_N, T, true>(st, variant & ~PREFETCH_L2, A, M));
+}
+#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("pmc")
+#define JAXSEM_ARGS                                                                                     \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
+      .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#define JAXSEM_RETS .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_ADVECTION)
 // u, w: (1, E, n, n, n); form: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN.
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t form, ffi::AnyBuffer u,
@@ -1541,7 +1628,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _ADVECTION, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
 #endif
 
 }  // namespace
@@ -1549,15 +1636,17 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #ifndef JAXSEM_ATTRS
 #define JAXSEM_ATTRS
 #endif
+#ifndef JAXSEM_RETS
+#define JAXSEM_RETS .Ret<ffi::AnyBuffer>()
+#endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|ADVECTION|MASS|STIFFNESS|STIFFNESSA|GS
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|MASS|STIFFNESS|STIFFNESSA|GS
 // -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Attr<int32_t>("variant") JAXSEM_ATTRS JAXSEM_ARGS
-                                  .Ret<ffi::AnyBuffer>(),
+                                  .Attr<int32_t>("variant") JAXSEM_ATTRS JAXSEM_ARGS JAXSEM_RETS,
                               // kernel launches only: XLA may record it in a CUDA graph
                               // (the PCG loop body stays one command buffer)
                               {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,144 @@
+"""Where a Maxwell LSERK4 gradient's time goes: its reverse pass in parts, on one device.
+
+For the SEDG Maxwell cavity (PEC, upwind, chain form, LSERK4, per-element ε as in
+``experiments/gradient_cost.py``), times after compilation and a warm-up (median of
+``--repeats``, ``block_until_ready``):
+
+* the forward loop (:func:`jaxsem.timestepping.integrate`, plain);
+* ``value_and_grad`` of the final electric energy w.r.t. ε (what gradient_cost.py's
+  ``ratio_plain`` times) and w.r.t. the initial state q₀ only (no ε terms: the
+  reverse pass is the operator's transpose and the update's adjoint);
+* the same ε-gradient with the step loop written out (``lax.scan`` of ``rk_step``)
+  and the right-hand side's internals (a) recomputed from the stage inputs
+  (``jax.checkpoint``, as ``integrate``), (b) all kept (JAX's own reverse pass);
+* one right-hand side, its transpose (vjp in q) and its vjp in ε, each alone.
+
+It also counts the kernels (HLO fusions and custom calls) in each compiled program's
+step loop. Output: ``--out PREFIX`` → ``PREFIX.json``, rewritten after each
+measurement.
+
+    python experiments/gradient_breakdown.py                      # CPU: small, to check it runs
+    python experiments/gradient_breakdown.py --elements 8 16 --order 7 --steps 100 \\
+        --out experiments/results/gradient_breakdown_h100       # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsem
+from jaxsem.app import bench
+from jaxsem import timestepping as ts
+from jaxsem.discretization.dg import discretize_dg
+from jaxsem.mesh import box_mesh
+from jaxsem.models import maxwell as mx
+
+jax.config.update("jax_enable_x64", True)
+
+
+def timed(compiled, args, repeats):
+    tic = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    first = time.perf_counter() - tic
+    _, times = bench.time_median(compiled, args, repeats)
+    return dict(seconds=statistics.median(times), seconds_min=min(times), first_call_seconds=first)
+
+
+def kernels(compiled) -> dict:
+    """Launches per program, counted from the optimized HLO: fusions and custom calls."""
+    text = compiled.as_text()
+    return dict(fusions=len(re.findall(r"\bfusion\(", text)) + len(re.findall(r" fusion\.\d+ = ", text)),
+                custom_calls=len(re.findall(r"custom-call\(", text)),
+                hlo_lines=text.count("\n"))
+
+
+def case(E, order, steps, backend, repeats, skip=()):
+    mesh = box_mesh((E,) * 3, order)
+    dg = discretize_dg(mesh, backend=backend)
+    q0 = mx.cavity_mode(dg.x, 0.0)
+    eps = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, dg.num_elements))
+    dt = 0.5 * mx.stable_dt(dg, mx.material(dg), form="chain")
+
+    def f_of(eps):
+        mat = mx.material(dg, eps)
+        return lambda t, q: mx.rhs(dg, mat, q, form="chain")
+
+    def final(eps, q0):
+        return ts.integrate(f_of(eps), q0, dt, steps)
+
+    def loss(eps, q0):
+        return jnp.sum(dg.mass * final(eps, q0)[:3] ** 2)
+
+    def scan_loss(wrap):
+        def go(eps, q0):
+            f = wrap(f_of(eps))
+            q = jax.lax.scan(lambda q, m: (ts.rk_step(f, m * dt, q, dt, loop_stages=True), None), q0,
+                             jnp.arange(steps))[0]
+            return jnp.sum(dg.mass * q[:3] ** 2)
+        return go
+
+    mat = mx.material(dg, eps)
+    rhs = lambda eps, q: mx.rhs(dg, mx.material(dg, eps), q, form="chain")
+    ct = jnp.ones_like(q0)
+    programs = {
+        "forward": (lambda eps, q0: final(eps, q0)),
+        "grad_eps": jax.value_and_grad(loss),
+        "grad_q0": jax.value_and_grad(loss, argnums=1),
+        "grad_eps_scan_remat": jax.value_and_grad(scan_loss(lambda f: jax.checkpoint(f, prevent_cse=False))),
+        "grad_eps_scan_keep_all": jax.value_and_grad(scan_loss(lambda f: f)),
+        "one_rhs": (lambda eps, q0: rhs(eps, q0)),
+        "one_vjp_q": (lambda eps, q0: jax.vjp(lambda q: rhs(eps, q), q0)[1](ct)[0]),
+        "one_vjp_eps_q": (lambda eps, q0: jax.vjp(rhs, eps, q0)[1](ct)),
+    }
+    out = dict(elements=E, order=order, steps=steps, num_elements=dg.num_elements, backend=dg.backend.name,
+               values=6 * int(dg.jac.size), dt=dt)
+    vals = {}
+    programs = {k: v for k, v in programs.items() if k not in skip}
+    for name, fn in programs.items():
+        compiled = jax.jit(fn).lower(eps, q0).compile()
+        out[name] = timed(compiled, (eps, q0), repeats) | kernels(compiled)
+        vals[name] = compiled(eps, q0)
+        print(f"E={E}^3 {name}: {out[name]['seconds'] * 1e3:.3f} ms, {out[name]['fusions']} fusions, "
+              f"{out[name]['custom_calls']} custom calls", flush=True)
+    ref = vals["grad_eps"][1]
+    for name in ("grad_eps_scan_remat", "grad_eps_scan_keep_all"):
+        if name in vals:
+            out[name]["grad_rel_diff"] = float(jnp.max(jnp.abs(vals[name][1] - ref)) / jnp.max(jnp.abs(ref)))
+    fwd = out["forward"]["seconds"]
+    out["ratios"] = {k: out[k]["seconds"] / fwd for k in programs if k.startswith("grad")}
+    print(f"E={E}^3 ratios to forward: {out['ratios']}", flush=True)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--elements", type=int, nargs="+", default=[2])
+    p.add_argument("--order", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip", nargs="*", default=[], help="programs not to run (e.g. grad_eps_scan_keep_all "
+                   "where its memory plan does not fit)")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    res = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, jaxsem=jaxsem.__version__,
+               command="python experiments/gradient_breakdown.py " + " ".join(argv or __import__("sys").argv[1:]),
+               cases=[])
+    for E in a.elements:
+        res["cases"].append(case(E, a.order, a.steps, a.backend, a.repeats, a.skip))
+        if a.out:
+            with open(a.out + ".json", "w") as fh:
+                json.dump(res, fh, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
