@@ -88,7 +88,7 @@ def integrate_loss(dg, mu, flux, bc, fused, checkpointing, steps=6):
 def test_gradient_through_lserk4_equals_einsum(deform, periodic, bc, flux, every):
     """jax.grad w.r.t. ε (per element) and the initial fields through 6 LSERK4 steps, plain and
     checkpointed: the fused operator's rules (transpose identity on affine meshes, the einsum
-    tangent on curved ones, the written-out material tangent) equal the einsum form's."""
+    tangent on curved ones, the material tangent's primitive) equal the einsum form's."""
     dg, eps, mu, q = setup(deform, periodic, order=2)
     chk = ts.Checkpointing(every)
     grad = lambda fused: jax.jit(jax.grad(integrate_loss(dg, mu, flux, bc, fused, chk), argnums=(0, 1)))(eps, q)

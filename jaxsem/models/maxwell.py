@@ -235,8 +235,8 @@ def rhs(dg: DG, mat: Material, q, flux: str = "upwind", bc: str = "pec",
 # the fused operator is then one more kernel launch per stage instead of the einsum form's
 # derivative: the tangent in q is a linear primitive (_linear_p) whose transpose rule is this
 # identity. Curved elements keep the einsum form's tangent in q. The tangent in ε, μ and the
-# flux coefficients is written out from the primal value and the face jumps (cheap); the one in
-# the geometry (dg) is the einsum form's.
+# flux coefficients is another primitive, linear in them, whose transpose is one more kernel
+# (_material_p below); the one in the geometry (dg) is the einsum form's.
 #
 # Distributed, the kernel reads the neighbours it has (dg.nbr) and mirrors q where the
 # neighbour lives on another rank, as on a boundary face of the same kind; the flux is linear
