@@ -1048,8 +1048,9 @@ bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A, const Ma
 //   vol = Σ_a A_a ∂_a u ("chain"), Σ_a ∂_a(A_a u) ("conservative") or their average ("split"),
 // u⁺ = 0 (inflow) on the boundary. Arrays: u, w (E, n³); A (3, E, n³) the contravariant velocity
 // c·J∇r_a; jac (E, n³); an, vn, lw (E, 6, n²) the Transport's face weights; nbr (E, 6, n²) int32
-// as for Maxwell. Faces [v, u] as for Maxwell. One element per N×N thread layer, u (and for the
-// conservative half A_a u) in shared memory, thread (i, j) walks its column k.
+// as for Maxwell. Faces [v, u] as for Maxwell. One element per N×N thread layer, u (and with a
+// conservative half A_a, read from memory once for both halves) in shared memory, thread (i, j)
+// walks its column k.
 constexpr int ADV_SPLIT = 0, ADV_CONSERVATIVE = 1, ADV_CHAIN = 2;  // cuda.ADVECTION_FORMS order
 
 struct AdvectionArgs {
@@ -1086,7 +1087,7 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_ker
   constexpr bool CONS = FORM != ADV_CHAIN, CHAIN = FORM != ADV_CONSERVATIVE;
   T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
   const int i = threadIdx.x, j = threadIdx.y, z = threadIdx.z;
-  T* U = sD + n2 + z * advection_words<FORM>() * n3;  // u, then A_a u at U + (a + 1) n3
+  T* U = sD + n2 + z * advection_words<FORM>() * n3;  // u, then (split, conservative) A_a at U + (a + 1) n3
   const int lt = i + N * j;
   for (int t = lt + n2 * z; t < n2; t += n2 * EB) sD[t] = A.D[t];
   const int64_t e = int64_t(blockIdx.x) * EB + z;
@@ -1098,7 +1099,7 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_ker
     U[t] = ut;
     if constexpr (CONS) {
 #pragma unroll
-      for (int a = 0; a < 3; ++a) U[(a + 1) * n3 + t] = active ? A.A[a * stride + base + t] * ut : T(0);
+      for (int a = 0; a < 3; ++a) U[(a + 1) * n3 + t] = active ? A.A[a * stride + base + t] : T(0);
     }
   }
   __syncthreads();
@@ -1114,9 +1115,10 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_ker
         const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
         const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
         if constexpr (CHAIN) du += Dm * U[at];
-        if constexpr (CONS) dau += Dm * U[(a + 1) * n3 + at];
+        if constexpr (CONS) dau += Dm * (U[(a + 1) * n3 + at] * U[at]);  // (A_a u) at node at
       }
-      if constexpr (CHAIN) chain += A.A[a * stride + base + node] * du;
+      // A_a at the node: from shared memory where it is staged (one global read of A, not two)
+      if constexpr (CHAIN) chain += (CONS ? U[(a + 1) * n3 + node] : A.A[a * stride + base + node]) * du;
       if constexpr (CONS) cons += dau;
     }
     const T vol = FORM == ADV_SPLIT ? T(0.5) * (cons + chain) : CONS ? cons : chain;
