@@ -20,9 +20,9 @@ import sys
 
 if "jax" in sys.modules:  # pragma: no cover
     raise RuntimeError("distributed_check.py must set XLA_FLAGS before jax is imported")
-os.environ["XLA_FLAGS"] = " ".join(  # two forced devices; other XLA flags (tests/run.sh's) kept
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    + ["--xla_force_host_platform_device_count=2"])
+from subproc import with_device_count  # noqa: E402  (no jax import)
+
+os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 2)  # other flags kept
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

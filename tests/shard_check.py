@@ -19,7 +19,9 @@ import time
 if "jax" in sys.modules:  # pragma: no cover
     raise RuntimeError("shard_check.py must set XLA_FLAGS before jax is imported")
 if "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # four devices, other flags kept
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    from subproc import with_device_count  # no jax import
+
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 4)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -401,6 +401,25 @@ def test_fused_advection_gradient_through_steps(form):
     np.testing.assert_allclose(gs_c, gs_e, rtol=1e-10)
 
 
+def test_maxwell_material_vjp_cuda_checks_its_arguments():
+    E, n = 3, 4
+    q = jnp.zeros((6, E, n, n, n))
+    D, rx, m, nrm, fa = (jnp.zeros((n, n)), jnp.zeros((3, 3, E, n, n, n)), jnp.ones((E, n, n, n)),
+                         jnp.zeros((3, E, 6, n, n)), jnp.zeros((E, 6, n, n)))
+    nbr = jnp.full((E, 6, n, n), -1, jnp.int32)
+    call = lambda q=q, lam=q, nbr=nbr: ck.maxwell_material_vjp_cuda(q, lam, D, rx, m, m, nrm, fa, fa, fa, fa, nbr,
+                                                                     True, False)
+    with pytest.raises(ValueError, match=re.escape("q must be (6, E, n, n, n)")):
+        call(q=q[:3], lam=q[:3])
+    with pytest.raises(ValueError, match=re.escape("lam must be shaped as q (6, 3, 4, 4, 4)")):
+        call(lam=q[:, :2])
+    with pytest.raises(ValueError, match="nbr must be"):
+        call(nbr=nbr.astype(jnp.int64))
+    if not ck.cuda_available():
+        with pytest.raises(ValueError, match="need a CUDA GPU"):
+            call()
+
+
 def test_advection_rhs_cuda_checks_its_arguments():
     E, n = 3, 4
     u = jnp.zeros((E, n, n, n))
