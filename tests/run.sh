@@ -115,8 +115,8 @@ trap 'rm -rf "$MPI_LOGS"' EXIT
 # programs too. Programs that compile in under 0.25 s are not stored. JAXSEM_TEST_XLA_CACHE=0:
 # no cache; an already set JAX_COMPILATION_CACHE_DIR is used as it is.
 # The tests' programs are small and most of the suite's time is XLA compiling them for the CPU:
-# LLVM without its expensive passes and at -O0 compiles them about a quarter faster overall
-# (the values are the same up to round-off; the tests' tolerances are far above it).
+# LLVM without its expensive passes and at -O0 compiles them faster (the values are the same up
+# to round-off; the tests' tolerances are far above it).
 # JAXSEM_TEST_FAST_COMPILE=0: XLA's default optimization.
 if [[ "${JAXSEM_TEST_FAST_COMPILE:-1}" != 0 ]]; then
     export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0"

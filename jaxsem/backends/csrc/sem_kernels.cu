@@ -982,8 +982,7 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kerne
       }
     }
     T sE[3] = {0, 0, 0}, sH[3] = {0, 0, 0};
-    // 1/ε, 1/μ ahead of the face branches: their loads are in flight during them (7-9% faster
-    // a step than after them, docs/performance.md)
+    // 1/ε, 1/μ ahead of the face branches: their loads are in flight during them
     const T ie = T(1) / A.eps[base + node], im = T(1) / A.mu[base + node];
     T lE[3] = {0, 0, 0}, lH[3] = {0, 0, 0};
     if constexpr (MAT) {
