@@ -15,7 +15,9 @@ For the SEDG Maxwell cavity (PEC, upwind, chain form, LSERK4, per-element ε as 
 
 It also counts the kernels (HLO fusions and custom calls) in each compiled program's
 step loop. Output: ``--out PREFIX`` → ``PREFIX.json``, rewritten after each
-measurement.
+measurement; ``--hlo DIR`` also writes each program's optimized HLO there, and
+``--trace DIR`` runs each program once more under ``jax.profiler.trace`` (a Perfetto
+trace per case: the time of each kernel in the reverse loop).
 
     python experiments/gradient_breakdown.py                      # CPU: small, to check it runs
     python experiments/gradient_breakdown.py --elements 8 16 --order 7 --steps 100 \\
@@ -60,7 +62,29 @@ def kernels(compiled) -> dict:
                 hlo_lines=text.count("\n"))
 
 
-def case(E, order, steps, backend, repeats, skip=()):
+def trace_kernels(folder: str, top: int = 40) -> dict:
+    """GPU time by kernel name in the Perfetto trace under ``folder``: total µs and launches, the
+    ``top`` largest (the device's processes only; empty on a CPU)."""
+    import collections
+    import glob
+    import gzip
+
+    files = glob.glob(f"{folder}/plugins/profile/*/perfetto_trace.json.gz")
+    if not files:
+        return {}
+    ev = json.load(gzip.open(files[0]))["traceEvents"]
+    gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "GPU" in str(e.get("args", {}).get("name", ""))}
+    total, count = collections.Counter(), collections.Counter()
+    for e in ev:
+        if e.get("ph") == "X" and e.get("pid") in gpu:
+            total[e["name"]] += e.get("dur", 0.0)
+            count[e["name"]] += 1
+    return dict(total_us=sum(total.values()),
+                kernels=[dict(name=k, us=t, launches=count[k]) for k, t in total.most_common(top)])
+
+
+def case(E, order, steps, backend, repeats, skip=(), hlo=None, trace=None, stages="auto"):
     mesh = box_mesh((E,) * 3, order)
     dg = discretize_dg(mesh, backend=backend)
     q0 = mx.cavity_mode(dg.x, 0.0)
@@ -72,7 +96,7 @@ def case(E, order, steps, backend, repeats, skip=()):
         return lambda t, q: mx.rhs(dg, mat, q, form="chain")
 
     def final(eps, q0):
-        return ts.integrate(f_of(eps), q0, dt, steps)
+        return ts.integrate(f_of(eps), q0, dt, steps, stages=stages)
 
     def loss(eps, q0):
         return jnp.sum(dg.mass * final(eps, q0)[:3] ** 2)
@@ -98,7 +122,7 @@ def case(E, order, steps, backend, repeats, skip=()):
         "one_vjp_q": (lambda eps, q0: jax.vjp(lambda q: rhs(eps, q), q0)[1](ct)[0]),
         "one_vjp_eps_q": (lambda eps, q0: jax.vjp(rhs, eps, q0)[1](ct)),
     }
-    out = dict(elements=E, order=order, steps=steps, num_elements=dg.num_elements, backend=dg.backend.name,
+    out = dict(elements=E, order=order, steps=steps, stages=stages, num_elements=dg.num_elements, backend=dg.backend.name,
                values=6 * int(dg.jac.size), dt=dt)
     vals = {}
     programs = {k: v for k, v in programs.items() if k not in skip}
@@ -106,6 +130,13 @@ def case(E, order, steps, backend, repeats, skip=()):
         compiled = jax.jit(fn).lower(eps, q0).compile()
         out[name] = timed(compiled, (eps, q0), repeats) | kernels(compiled)
         vals[name] = compiled(eps, q0)
+        if hlo:
+            with open(f"{hlo}/E{E}_N{order}_{name}.hlo.txt", "w") as fh:
+                fh.write(compiled.as_text())
+        if trace:
+            with jax.profiler.trace(f"{trace}/E{E}_N{order}_{name}", create_perfetto_trace=True):
+                jax.block_until_ready(compiled(eps, q0))
+            out[name]["trace"] = trace_kernels(f"{trace}/E{E}_N{order}_{name}")
         print(f"E={E}^3 {name}: {out[name]['seconds'] * 1e3:.3f} ms, {out[name]['fusions']} fusions, "
               f"{out[name]['custom_calls']} custom calls", flush=True)
     ref = vals["grad_eps"][1]
@@ -127,13 +158,17 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip", nargs="*", default=[], help="programs not to run (e.g. grad_eps_scan_keep_all "
                    "where its memory plan does not fit)")
+    p.add_argument("--stages", default="auto", choices=("auto", "loop", "unrolled"),
+                   help="integrate's stages argument")
     p.add_argument("--out", default=None)
+    p.add_argument("--hlo", default=None, help="folder for each program's optimized HLO text")
+    p.add_argument("--trace", default=None, help="folder for a jax.profiler trace of each program")
     a = p.parse_args(argv)
     res = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, jaxsem=jaxsem.__version__,
                command="python experiments/gradient_breakdown.py " + " ".join(argv or __import__("sys").argv[1:]),
                cases=[])
     for E in a.elements:
-        res["cases"].append(case(E, a.order, a.steps, a.backend, a.repeats, a.skip))
+        res["cases"].append(case(E, a.order, a.steps, a.backend, a.repeats, a.skip, a.hlo, a.trace, a.stages))
         if a.out:
             with open(a.out + ".json", "w") as fh:
                 json.dump(res, fh, indent=1)

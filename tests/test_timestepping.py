@@ -1,6 +1,7 @@
 """Explicit RK: empirical orders, stability radii, checkpointed grads, the guarded driver."""
 
 import dataclasses
+import itertools
 import os
 
 import jax
@@ -98,39 +99,43 @@ def test_both_remat_schedules_equal_the_plain_gradient():
 def test_reverse_pass_of_a_nonlinear_f_equals_autodiff_and_differences(method):
     """integrate's reverse pass (stage inputs kept, f recomputed) for a nonlinear f: the gradient
     w.r.t. a closed-over parameter, y0 and a traced dt is that of JAX's own reverse pass through a
-    scan of rk_step (every residual kept) to 1e-12, plain and in chunks, and central differences."""
+    scan of rk_step (every residual kept) to 1e-12, plain and in chunks, with the stages looped and
+    written out, and central differences."""
 
     def f(a, t, y):
         return a * jnp.tanh(A @ y) - 0.3 * y**3 + jnp.cos(t) * y[::-1]
 
-    def loss(p, checkpointing):
+    def loss(p, how):
         a, y0, dt = p
         observe = lambda y: jnp.sin(y[0])
-        if checkpointing is None:  # the reference
+        if how is None:  # the reference
             def one(y, m):
                 y = ts.rk_step(lambda t, y: f(a, t, y), m * dt, y, dt, method, loop_stages=True)
                 return y, observe(y)
 
             y, obs = jax.lax.scan(one, y0, jnp.arange(23))
         else:
+            checkpointing, stages = how
             y, obs = ts.integrate(lambda t, y: f(a, t, y), y0, dt, 23, method=method,
-                                  checkpointing=checkpointing, observe=observe)
+                                  checkpointing=checkpointing, observe=observe, stages=stages)
         return jnp.sum(y**2) + jnp.sum(obs**2)
 
     vg = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     p = (1.3, jnp.array([0.8, -0.4]), 0.05)
     v0, g0 = vg(p, None)
-    for ck in (ts.Checkpointing(), ts.Checkpointing("sqrt"), ts.Checkpointing(4, "custom_vjp")):
-        v, g = vg(p, ck)
+    for how in itertools.product((ts.Checkpointing(), ts.Checkpointing("sqrt"), ts.Checkpointing(4, "custom_vjp")),
+                                 ("loop", "unrolled")):
+        v, g = vg(p, how)
         assert float(v) == pytest.approx(float(v0), rel=1e-14)
         for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g0)):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
-    g = vg(p, ts.Checkpointing())[1]
+    plain = (ts.Checkpointing(), "auto")
+    g = vg(p, plain)[1]
     h = 1e-6
     for i, v in ((0, 1.0), (1, jnp.array([0.3, -1.1])), (2, 1.0)):
         plus, minus = list(p), list(p)
         plus[i], minus[i] = p[i] + h * v, p[i] - h * v
-        fd = (float(vg(tuple(plus), ts.Checkpointing())[0]) - float(vg(tuple(minus), ts.Checkpointing())[0])) / (2 * h)
+        fd = (float(vg(tuple(plus), plain)[0]) - float(vg(tuple(minus), plain)[0])) / (2 * h)
         assert float(jnp.vdot(g[i], v)) == pytest.approx(fd, rel=1e-7), i
 
 
@@ -149,6 +154,8 @@ def test_checkpointing_chunks_and_bad_arguments():
         ts.integrate(f_lin, Y0, 0.1, 10, checkpointing="sqrt")
     with pytest.raises(ValueError, match="num_steps"):
         ts.integrate(f_lin, Y0, 0.1, -1)
+    with pytest.raises(ValueError, match="stages must be 'auto', 'loop' or 'unrolled', got 'none'"):
+        ts.integrate(f_lin, Y0, 0.1, 10, stages="none")
 
 
 def test_observe_collects_per_step():

@@ -27,8 +27,10 @@ Two entry points:
   bit-identical result. Its compiled chunk, :func:`advance_fn`, is also the
   kernel to time (``experiments/maxwell_throughput.py``).
 
-Both step low-storage methods with their stages in a loop (one copy of ``f``
-in the compiled program: :func:`rk_step` with ``loop_stages=True``).
+:func:`run` steps low-storage methods with their stages in a loop (one copy of
+``f`` in the compiled program: :func:`rk_step` with ``loop_stages=True``);
+:func:`integrate` does so on the CPU and writes the stages out on an
+accelerator (its ``stages`` argument).
 
 Stability: :func:`stability_radius` is the radius of the largest half-disk
 ``{|z| ≤ r, Re z ≤ 0}`` inside a method's stability region, so
@@ -285,6 +287,7 @@ def integrate(
     method: str = "lserk4",
     checkpointing: Checkpointing = Checkpointing(),
     observe: Callable | None = None,
+    stages: str = "auto",
 ):
     """Advance ``y0`` by ``num_steps`` steps of size ``dt`` (pure; jit-, vmap- and grad-friendly).
 
@@ -300,15 +303,24 @@ def integrate(
       checkpointing: the memory schedule of reverse mode (:class:`Checkpointing`;
         default: a plain scan, memory ∝ ``num_steps``).
       observe: optional ``observe(y) -> pytree``; evaluated after every step.
+      stages: ``"loop"`` runs a low-storage method's stages as a loop (one copy of ``f``
+        in the compiled program: fast compilation); ``"unrolled"`` writes them out,
+        so that reverse mode keeps each stage's input in its own stacked array instead of
+        copying a step's stage inputs in and out of a per-step buffer and accumulating
+        the parameters' cotangents per step; ``"auto"`` (default): ``"loop"`` when JAX's
+        default backend is the CPU, else ``"unrolled"``. Values are the same.
 
     Returns ``y`` at ``t0 + num_steps·dt`` (shaped like ``y0``), or ``(y, obs)``
     when ``observe`` is given, ``obs`` stacked over steps (leading axis
     ``num_steps``: ``obs[m]`` is ``observe`` of the state at ``t0 + (m+1)·dt``).
 
-    Raises ``ValueError`` for a bad ``method`` or ``num_steps``, ``TypeError`` for a
+    Raises ``ValueError`` for a bad ``method``, ``num_steps`` or ``stages``, ``TypeError`` for a
     ``checkpointing`` that is not a :class:`Checkpointing`.
     """
     tableau(method)
+    if stages not in ("auto", "loop", "unrolled"):
+        raise ValueError(f"stages must be 'auto', 'loop' or 'unrolled', got {stages!r}")
+    loop = stages == "loop" or (stages == "auto" and jax.default_backend() == "cpu")
     if not isinstance(checkpointing, Checkpointing):
         raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
     num_steps = _check_steps(num_steps)
@@ -317,7 +329,7 @@ def integrate(
 
     def stepper(rhs):
         def one(y, m):
-            y = rk_step(rhs, t0 + m * dt, y, dt, method, loop_stages=True)
+            y = rk_step(rhs, t0 + m * dt, y, dt, method, loop_stages=loop)
             return y, (observe(y) if observe is not None else None)
 
         return one
