@@ -934,11 +934,20 @@ __device__ __forceinline__ void maxwell_face(const MaxwellArgs& A, const T* U, i
   }
 }
 
+// Blocks per multiprocessor the Maxwell kernel asks registers for (__launch_bounds__): the material
+// adjoint holds the cotangent too, and uncapped it takes so many registers that one block runs where
+// shared memory has room for two; capped for two wherever their shared memory fits (227 KB).
+template <int N, typename T, bool MAT>
+__host__ __device__ constexpr int maxwell_min_blocks() {
+  return MAT && 2 * sizeof(T) * (N * N + elements_per_block<N>() * 6 * N * N * N) <= 227 * 1024 ? 2 : 1;
+}
+
 // UNROLL: how far the derivative loops are unrolled (N: fully, variant 2, 252 registers at N = 8;
 // 2: variant 3, 90 registers, so two blocks per multiprocessor).
 // MAT: the material adjoint above instead of dq/dt (M: its arrays).
 template <int N, typename T, int UNROLL, bool MAT = false>
-__global__ void __launch_bounds__(N * N * elements_per_block<N>()) maxwell_kernel(MaxwellArgs A,
+__global__ void __launch_bounds__(N * N * elements_per_block<N>(), maxwell_min_blocks<N, T, MAT>())
+    maxwell_kernel(MaxwellArgs A,
                                                                                  MaxwellMatArgs M = {}) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
