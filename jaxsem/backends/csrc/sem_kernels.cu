@@ -19,6 +19,7 @@
 // -DJAXSEM_REAL=double|float and -DJAXSEM_N=n (not for GS) select what is instantiated.
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <cuda_runtime.h>
 
@@ -1487,30 +1488,42 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS \
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
-#elif defined(JAXSEM_OP_MAXWELL)
+#elif defined(JAXSEM_OP_MAXWELL) || defined(JAXSEM_OP_MAXWELLM)
+// The Maxwell libraries' shared checks and arguments: q (6, E, n³) and nbr (E, 6, n²) int32; the
+// other arrays in MaxwellArgs' order.
+ffi::Error maxwell_args(const char* name, ffi::AnyBuffer q, ffi::AnyBuffer D, ffi::AnyBuffer rx,
+                        ffi::AnyBuffer eps, ffi::AnyBuffer mu, ffi::AnyBuffer normal, ffi::AnyBuffer cE,
+                        ffi::AnyBuffer aE, ffi::AnyBuffer cH, ffi::AnyBuffer aH, ffi::AnyBuffer nbr,
+                        int32_t upwind, int32_t pmc, MaxwellArgs& A) {
+  Shape s;
+  if (auto err = check(q, s); err.failure()) return err;
+  if (s.C != 6) return ffi::Error::InvalidArgument(std::string("jaxsem ") + name + ": q must be (6, E, n, n, n)");
+  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
+    return ffi::Error::InvalidArgument(std::string("jaxsem ") + name + ": nbr must be (E, 6, n, n) int32");
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  A = MaxwellArgs{P(q), P(D), P(rx), P(eps), P(mu), P(normal), P(cE), P(aE), P(cH), P(aH),
+                  static_cast<const int32_t*>(nbr.untyped_data()), nullptr, s.E, upwind != 0, pmc != 0};
+  return ffi::Error::Success();
+}
+#if defined(JAXSEM_OP_MAXWELL)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t pmc, ffi::AnyBuffer q,
                        ffi::AnyBuffer D, ffi::AnyBuffer rx, ffi::AnyBuffer eps, ffi::AnyBuffer mu,
                        ffi::AnyBuffer normal, ffi::AnyBuffer cE, ffi::AnyBuffer aE, ffi::AnyBuffer cH,
                        ffi::AnyBuffer aH, ffi::AnyBuffer nbr, ffi::Result<ffi::AnyBuffer> w) {
-  Shape s;
-  if (auto err = check(q, s); err.failure()) return err;
-  if (s.C != 6) return ffi::Error::InvalidArgument("jaxsem maxwell: q must be (6, E, n, n, n)");
-  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
-    return ffi::Error::InvalidArgument("jaxsem maxwell: nbr must be (E, 6, n, n) int32");
-  if (s.E == 0) return ffi::Error::Success();
-  using T = JAXSEM_REAL;
-  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
-  MaxwellArgs A{P(q), P(D), P(rx), P(eps), P(mu), P(normal), P(cE), P(aE), P(cH), P(aH),
-                static_cast<const int32_t*>(nbr.untyped_data()), static_cast<T*>(w->untyped_data()), s.E,
-                upwind != 0, pmc != 0};
-  return finish(launch_maxwell<JAXSEM_N, T>(st, variant & ~PREFETCH_L2, A));
+  MaxwellArgs A;
+  if (auto err = maxwell_args("maxwell", q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind, pmc, A);
+      err.failure())
+    return err;
+  if (A.E == 0) return ffi::Error::Success();
+  A.w = static_cast<JAXSEM_REAL*>(w->untyped_data());
+  return finish(launch_maxwell<JAXSEM_N, JAXSEM_REAL>(st, variant & ~PREFETCH_L2, A));
 }
-#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("pmc")
 #define JAXSEM_ARGS                                                                                     \
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
-#elif defined(JAXSEM_OP_MAXWELLM)
+#else  // JAXSEM_OP_MAXWELLM
 // The material adjoint (MaxwellMatArgs): q and the coefficients as for JAXSEM_OP_MAXWELL, lam (6, E, n³);
 // results gnode (2, E, n³) and gface (4, E, 6, n²).
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t pmc, ffi::AnyBuffer q,
@@ -1518,27 +1531,26 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t
                        ffi::AnyBuffer mu, ffi::AnyBuffer normal, ffi::AnyBuffer cE, ffi::AnyBuffer aE,
                        ffi::AnyBuffer cH, ffi::AnyBuffer aH, ffi::AnyBuffer nbr, ffi::Result<ffi::AnyBuffer> gnode,
                        ffi::Result<ffi::AnyBuffer> gface) {
-  Shape s;
-  if (auto err = check(q, s); err.failure()) return err;
-  if (s.C != 6) return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: q must be (6, E, n, n, n)");
+  MaxwellArgs A;
+  if (auto err = maxwell_args("maxwell material adjoint", q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind,
+                              pmc, A);
+      err.failure())
+    return err;
   if (lam.element_count() != q.element_count() || lam.element_type() != q.element_type())
     return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: lam must be shaped as q");
-  if (nbr.element_type() != ffi::DataType::S32 || nbr.element_count() != size_t(s.E * 6 * s.n * s.n))
-    return ffi::Error::InvalidArgument("jaxsem maxwell material adjoint: nbr must be (E, 6, n, n) int32");
-  if (s.E == 0) return ffi::Error::Success();
+  if (A.E == 0) return ffi::Error::Success();
   using T = JAXSEM_REAL;
-  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
-  MaxwellArgs A{P(q), P(D), P(rx), P(eps), P(mu), P(normal), P(cE), P(aE), P(cH), P(aH),
-                static_cast<const int32_t*>(nbr.untyped_data()), nullptr, s.E, upwind != 0, pmc != 0};
-  MaxwellMatArgs M{P(lam), static_cast<T*>(gnode->untyped_data()), static_cast<T*>(gface->untyped_data())};
+  MaxwellMatArgs M{static_cast<const T*>(lam.untyped_data()), static_cast<T*>(gnode->untyped_data()),
+                   static_cast<T*>(gface->untyped_data())};
   return finish(launch_maxwell<JAXSEM_N, T, true>(st, variant & ~PREFETCH_L2, A, M));
 }
-#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("pmc")
 #define JAXSEM_ARGS                                                                                     \
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()            \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #define JAXSEM_RETS .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+#endif
+#define JAXSEM_ATTRS .Attr<int32_t>("upwind").Attr<int32_t>("pmc")
 #elif defined(JAXSEM_OP_ADVECTION)
 // u, w: (1, E, n, n, n); form: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN.
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t form, ffi::AnyBuffer u,
