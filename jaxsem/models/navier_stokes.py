@@ -499,9 +499,11 @@ class Series(NamedTuple):
 _COLUMNS = len(Series._fields)
 
 
-def _advance(ns: NavierStokes, chunk: int, y, m0, count):
+def _advance(ns: NavierStokes, chunk, y, m0, count):
     """``count`` steps from ``y = (state, rows)``; then row ⌈(m0 + count)/chunk⌉ of ``rows``
-    gets the sample's diagnostics (NaN where a solve missed its tolerance: a failed step)."""
+    gets the sample's diagnostics (NaN where a solve missed its tolerance: a failed step).
+    ``chunk``, ``m0``, ``count``: ``()`` integers, traced like Δt, so that one compiled
+    program serves every step and sample size on a discretization."""
     st, rows = y
     st = jax.lax.fori_loop(0, count - 1, lambda _, st: step(ns, st)[0], st)
     e0 = _kinetic_energy(ns, st)  # only E_k before the sample's last step: −dE_k/dt
@@ -568,8 +570,8 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
             raise ValueError(f"resume: checkpoint {options.resume} is at step {start} > the {num_steps} steps "
                              f"to t_final = {t_final}")
     opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
-    (state, rows), info = ts.drive(_advance_fn(chunk), (state, rows), num_steps, dt=dt, t0=t_start, label=label,
-                                   args=ns, options=opts, comm=ns.sem.comm, start=start)
+    (state, rows), info = ts.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
+                                   args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start)
     r = np.array(rows)
     r[0, [2, 6, 7]] = np.nan
     return state, Series(*(r[:, c] for c in range(_COLUMNS))), info
@@ -592,11 +594,8 @@ def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
     return state, rows.at[:n].set(saved[:n]), step
 
 
-_ADVANCE = {}
-
-
-def _advance_fn(chunk: int):
-    """The jitted chunk ``(y, ns, m0, count) -> y`` (one compiled program per sample size)."""
-    if chunk not in _ADVANCE:
-        _ADVANCE[chunk] = jax.jit(lambda y, ns, m0, count: _advance(ns, chunk, y, m0, count))
-    return _ADVANCE[chunk]
+@jax.jit
+def _advance_jit(y, args, m0, count):
+    """The jitted chunk of :func:`run`: ``args = (ns, chunk)``, see :func:`_advance`."""
+    ns, chunk = args
+    return _advance(ns, chunk, y, m0, count)
