@@ -214,7 +214,9 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
       nu: kinematic viscosity ν > 0 (1/Re in convective units).
       dt: time step Δt > 0.
       boundary: Dirichlet velocity data ``u_b(x, y, z, t) -> (3, ...)`` written with jnp,
-        or None (no-slip walls); unused on a fully periodic mesh.
+        or None (no-slip walls); unused on a fully periodic mesh. It is static: problems
+        built with the same function object (not a new closure each time) share compiled
+        programs.
       options: :class:`NSOptions`.
       backend, devices, comm, partition, collective: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt`` or ``boundary``.
