@@ -42,15 +42,20 @@ def test_bdf_ext_are_exact_for_polynomials(k):
 
 # --- Ethier–Steinman on [-1, 1]^3 with its Dirichlet data ---------------------------------
 
+# One flow for every case: its velocity is the boundary data, a static field of NavierStokes, so
+# with the same function object the runs of one p and k (the two Δt of an order test) share
+# their compiled chunk; a new closure per case would compile it again.
+ES = flows.ethier_steinman(nu=1.0)
+
+
 @functools.lru_cache(maxsize=None)
 def ethier_steinman_error(p, dt, T, k, K=2):
     """Relative L2 velocity error at T, every step at order k (exact past levels)."""
-    es = flows.ethier_steinman(nu=1.0)
     mesh = js.box_mesh(K, p, lengths=(2.0,) * 3, origin=(-1.0,) * 3)
-    ns = NS.setup(mesh, nu=1.0, dt=dt, boundary=es.velocity, options=NS.NSOptions(time_order=k, **TIGHT))
-    st = NS.initial_state(ns, lambda x, y, z: es.velocity(x, y, z, 0.0), past=es.velocity)
+    ns = NS.setup(mesh, nu=1.0, dt=dt, boundary=ES.velocity, options=NS.NSOptions(time_order=k, **TIGHT))
+    st = NS.initial_state(ns, lambda x, y, z: ES.velocity(x, y, z, 0.0), past=ES.velocity)
     st, series, _ = NS.run(ns, st, T, sample_interval=T)
-    return poisson.relative_errors(ns.sem, st.u, lambda x, y, z: es.velocity(x, y, z, T))[0], series
+    return poisson.relative_errors(ns.sem, st.u, lambda x, y, z: ES.velocity(x, y, z, T))[0], series
 
 
 def test_ethier_steinman_spectral_in_p():
@@ -62,8 +67,12 @@ def test_ethier_steinman_spectral_in_p():
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_ethier_steinman_order_in_time(k):
-    """The fitted order of the error at T = 0.4 (p = 6: the space error is far below) is at least k."""
+    """The fitted order of the error at T = 0.4 (p = 6: the space error is far below) is at least k.
+    The two Δt run on one compiled chunk (Δt is a leaf of NavierStokes, the sample size a traced
+    argument; ``_cache_size``: jit's count of programs): only the first may compile it."""
+    programs = NS._advance_jit._cache_size()
     errs = [ethier_steinman_error(6, dt, 0.4, k)[0] for dt in (0.04, 0.02)]
+    assert NS._advance_jit._cache_size() <= programs + 1
     order = math.log2(errs[0] / errs[1])
     # measured orders (dt 0.04 -> 0.02): 1.80, 2.79, 3.77 (errors at dt = 0.02: 2.6e-3, 8.9e-5, 4.3e-6)
     assert k - 0.2 < order < k + 1.2, (k, errs, order)

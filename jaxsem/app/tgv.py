@@ -9,6 +9,7 @@ velocity, pressure and vorticity magnitude at the end; returns the record the CL
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -27,7 +28,7 @@ __all__ = ["run_tgv", "default_dt", "plot"]
 
 def default_dt(ns_probe: NS.NavierStokes, state: NS.State, cfl: float, sample: float) -> float:
     """The largest Δt with CFL ≤ ``cfl`` at the initial state that divides ``sample``."""
-    c = float(NS.diagnostics(ns_probe, state).cfl) / ns_probe.dt  # CFL per unit Δt
+    c = float(NS.diagnostics(ns_probe, state).cfl) / float(ns_probe.dt)  # CFL per unit Δt
     steps = max(1, math.ceil(sample * c / cfl - 1e-9))
     return sample / steps
 
@@ -106,10 +107,8 @@ def _snapshot(ns: NS.NavierStokes, st: NS.State, path: str) -> str:
 
 
 def _with_dt(ns: NS.NavierStokes, dt: float) -> NS.NavierStokes:
-    """``ns`` with another static Δt (the discretization and preconditioner are kept)."""
-    import dataclasses
-
-    return dataclasses.replace(ns, dt=float(dt))
+    """``ns`` with another Δt (the discretization and preconditioner are kept)."""
+    return dataclasses.replace(ns, dt=jnp.asarray(float(dt), ns.dt.dtype))
 
 
 def _series(s: NS.Series, nu: float) -> dict:

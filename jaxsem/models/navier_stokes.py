@@ -122,11 +122,13 @@ class NavierStokes:
       psem: pressure discretization (the same nodes, no mask: pure Neumann).
       pmg: the pressure's p-multigrid preconditioner.
       nu: ``()`` kinematic viscosity (a leaf: ``jax.grad`` reaches it).
+      dt: ``()`` time step Δt (a leaf: a run with another Δt reuses the compiled programs;
+        the host drivers read it with ``float``).
       binv: ``(E, n, n, n)`` inverse assembled GLL mass (0 on pads).
       Jd: ``(q, n)`` GLL → Gauss interpolation of the dealiasing rule (``(n, n)`` identity
         without dealiasing).
       Brx: ``(3, 3, E, q, q, q)`` B·∂r_a/∂x_d on the dealiasing rule.
-      dt: static step; options: static :class:`NSOptions`; boundary: static
+      options: static :class:`NSOptions`; boundary: static
         ``u_b(x, y, z, t) -> (3, ...)`` or None (no-slip); walls: static, the velocity
         has Dirichlet nodes; volume: static |Ω|.
     """
@@ -135,10 +137,10 @@ class NavierStokes:
     psem: SEM
     pmg: multigrid.PMG
     nu: jax.Array
+    dt: jax.Array
     binv: jax.Array = dataclasses.field(metadata=dict(pad=0))
     Jd: jax.Array
     Brx: jax.Array = dataclasses.field(metadata=dict(pad=0))
-    dt: float = dataclasses.field(metadata=dict(static=True))
     options: NSOptions = dataclasses.field(metadata=dict(static=True))
     boundary: Callable | None = dataclasses.field(metadata=dict(static=True))
     walls: bool = dataclasses.field(metadata=dict(static=True))
@@ -212,7 +214,9 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
       nu: kinematic viscosity ν > 0 (1/Re in convective units).
       dt: time step Δt > 0.
       boundary: Dirichlet velocity data ``u_b(x, y, z, t) -> (3, ...)`` written with jnp,
-        or None (no-slip walls); unused on a fully periodic mesh.
+        or None (no-slip walls); unused on a fully periodic mesh. It is static: problems
+        built with the same function object (not a new closure each time) share compiled
+        programs.
       options: :class:`NSOptions`.
       backend, devices, comm, partition, collective: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt`` or ``boundary``.
@@ -249,9 +253,9 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
         wd = jnp.asarray(basis.gll_points(sem.order)[1], sem.x.dtype)
     binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
     volume = float(sem.integrate(jnp.ones_like(sem.mask)))
-    return NavierStokes(sem=sem, psem=psem, pmg=pmg, nu=jnp.asarray(float(nu), sem.x.dtype), binv=binv, Jd=Jd,
-                        Brx=Brx, dt=float(dt), options=options, boundary=boundary if walls else None,
-                        walls=walls, volume=volume)
+    return NavierStokes(sem=sem, psem=psem, pmg=pmg, nu=jnp.asarray(float(nu), sem.x.dtype),
+                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, options=options,
+                        boundary=boundary if walls else None, walls=walls, volume=volume)
 
 
 def _fields(s: SEM, Jd, Dd, wd):
@@ -497,9 +501,11 @@ class Series(NamedTuple):
 _COLUMNS = len(Series._fields)
 
 
-def _advance(ns: NavierStokes, chunk: int, y, m0, count):
+def _advance(ns: NavierStokes, chunk, y, m0, count):
     """``count`` steps from ``y = (state, rows)``; then row ⌈(m0 + count)/chunk⌉ of ``rows``
-    gets the sample's diagnostics (NaN where a solve missed its tolerance: a failed step)."""
+    gets the sample's diagnostics (NaN where a solve missed its tolerance: a failed step).
+    ``chunk``, ``m0``, ``count``: ``()`` integers, traced like Δt, so that one compiled
+    program serves every step and sample size on a discretization."""
     st, rows = y
     st = jax.lax.fori_loop(0, count - 1, lambda _, st: step(ns, st)[0], st)
     e0 = _kinetic_energy(ns, st)  # only E_k before the sample's last step: −dE_k/dt
@@ -547,10 +553,11 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
             raise ValueError(f"{name} must be a finite number, got {v!r}")
     if sample_interval <= 0:
         raise ValueError(f"sample_interval must be > 0, got {sample_interval!r}")
-    num_steps = _whole_steps(t_final - t_start, ns.dt, "t_final - state.t")
-    chunk = _whole_steps(sample_interval, ns.dt, "sample_interval")
+    dt = float(ns.dt)  # the step count, checkpoint metadata and messages are host values
+    num_steps = _whole_steps(t_final - t_start, dt, "t_final - state.t")
+    chunk = _whole_steps(sample_interval, dt, "sample_interval")
     if chunk < 1:
-        raise ValueError(f"sample_interval = {sample_interval} is shorter than dt = {ns.dt}")
+        raise ValueError(f"sample_interval = {sample_interval} is shorter than dt = {dt}")
     samples = -(-num_steps // chunk)
     rows = replicated(ns.sem, np.zeros((samples + 1, _COLUMNS), state.t.dtype))
     rows = rows.at[0].set(_row0(ns, state))
@@ -560,13 +567,13 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
                 time_order=o.time_order, dealias=o.dealias, sample_steps=chunk)
     start = 0
     if options.resume is not None:  # restored here: the series so far may be shorter than this run's
-        state, rows, start = _resume(ns, options.resume, state, rows, dict(meta, dt=ns.dt, t0=t_start, method=label))
+        state, rows, start = _resume(ns, options.resume, state, rows, dict(meta, dt=dt, t0=t_start, method=label))
         if start > num_steps:
             raise ValueError(f"resume: checkpoint {options.resume} is at step {start} > the {num_steps} steps "
                              f"to t_final = {t_final}")
     opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
-    (state, rows), info = ts.drive(_advance_fn(chunk), (state, rows), num_steps, dt=ns.dt, t0=t_start, label=label,
-                                   args=ns, options=opts, comm=ns.sem.comm, start=start)
+    (state, rows), info = ts.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
+                                   args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start)
     r = np.array(rows)
     r[0, [2, 6, 7]] = np.nan
     return state, Series(*(r[:, c] for c in range(_COLUMNS))), info
@@ -589,11 +596,8 @@ def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
     return state, rows.at[:n].set(saved[:n]), step
 
 
-_ADVANCE = {}
-
-
-def _advance_fn(chunk: int):
-    """The jitted chunk ``(y, ns, m0, count) -> y`` (one compiled program per sample size)."""
-    if chunk not in _ADVANCE:
-        _ADVANCE[chunk] = jax.jit(lambda y, ns, m0, count: _advance(ns, chunk, y, m0, count))
-    return _ADVANCE[chunk]
+@jax.jit
+def _advance_jit(y, args, m0, count):
+    """The jitted chunk of :func:`run`: ``args = (ns, chunk)``, see :func:`_advance`."""
+    ns, chunk = args
+    return _advance(ns, chunk, y, m0, count)
