@@ -143,7 +143,8 @@ def test_equal_to_einsum(built, order):
     assert rel(ck.stiffness_gll_cuda(ug, Dg, Gg), stiffness_gll(ug, Dg, Gg)) < 1e-13
 
 
-OP_VARIANTS = [(op, v) for op in ck.OPS for v in ck.VARIANTS[op]]
+# The operators _run dispatches (the others have their own tests below).
+OP_VARIANTS = [(op, v) for op in ("bk5", "mass", "stiffness") for v in ck.VARIANTS[op]]
 
 
 def _run(op, u, J, Dt, B, G, ug, Dg, Gg):
