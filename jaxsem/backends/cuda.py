@@ -83,8 +83,8 @@ OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness", "stiffnessa")
 DERIVATIVE_OPS = ("maxwellm",)
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
-# launch_mass, launch_stiffness; for the DG right-hand sides, launch_maxwell and
-# launch_advection, 2 and 3 are the derivative loops fully unrolled and unrolled by two):
+# launch_mass, launch_stiffness; launch_maxwell and launch_advection, the DG right-hand sides,
+# have one kernel each, variant 2: the three directions' derivatives in one loop, docs/kernels.md):
 #   1     one k-slice per step through shared memory, two barriers per slice
 #   2     the whole element through shared memory once per stage
 #   3     as 2 with registers capped for two blocks per multiprocessor
@@ -101,7 +101,7 @@ DERIVATIVE_OPS = ("maxwellm",)
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
 # input through the node map and adding its output into the global vector with atomics;
 # stiffnessa (BK3/BK4 on assembled vectors) likewise has stiffness's variants by lines.
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2, 3), "advection": (2, 3),
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2,), "advection": (2,),
             "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11), "stiffnessa": (8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per
@@ -114,8 +114,7 @@ DEFAULT = (2, False)  # (variant, prefetch) for a key TUNING does not list
 # The tuning table: per (operator, vector form, dtype), the kernel for n = p + 1 = 2 … 16, as
 # "V" (variant V), "Vp" (variant V with the L2 prefetch) or "." (not listed: DEFAULT). The
 # vector form is 3 components in one launch (BK2/BK4/BK6). The fastest measured on an H100
-# (docs/kernels.md); the advection row is chosen by register count (docs/kernels.md: variant 2
-# is tested, not timed).
+# (docs/kernels.md).
 _ROWS = {  # n =                           2    3    4    5    6    7    8    9   10   11   12   13   14   15   16
     ("bk5", False, "float64"):        "    1    1    .    .    6    8    .    6    8    4    6    4    5    5    7",
     ("bk5", False, "float32"):        "    1    1    .    .    6    8    8    8    6    4    6    4    5    5    7",
@@ -123,8 +122,6 @@ _ROWS = {  # n =                           2    3    4    5    6    7    8    9 
     ("bk5", True, "float32"):         "    1    1  10p  10p  10p  10p  10p  10p  10p  10p  10p  10p    5    5    7",
     ("bk5a", False, "float64"):       "    .    .    .    .    6    .    6    .    6    .    6    .    .    .    7",
     ("bk5a", True, "float64"):        "    .    .    .    .    .    .    5    .    .    .    .    .    .    .    .",
-    ("maxwell", False, "float64"):    "    .    .    .    .    .    .    3    .    .    .    .    .    .    3    .",
-    ("advection", False, "float64"):  "    .    3    3    3    3    3    3    3    3    3    3    3    3    3    3",
     ("mass", False, "float64"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", False, "float32"):       "   8p   8p    8   8p   10   9p   9p  10p   9p   9p   9p   9p    8   8p    9",
     ("mass", True, "float64"):        "    8   8p    8   8p   8p   9p   10   10    9   9p    9    9    8    8    9",

@@ -943,13 +943,13 @@ __host__ __device__ constexpr int maxwell_min_blocks() {
   return MAT && 2 * sizeof(T) * (N * N + elements_per_block<N>() * 6 * N * N * N) <= 227 * 1024 ? 2 : 1;
 }
 
-// UNROLL: how far the derivative loops are unrolled (N: fully, variant 2, 252 registers at N = 8;
-// 2: variant 3, 90 registers, so two blocks per multiprocessor).
-// MAT: the material adjoint above instead of dq/dt (M: its arrays).
-template <int N, typename T, int UNROLL, bool MAT = false>
+// The derivatives of the three directions in one loop over m, not unrolled: 18 independent sums
+// in flight per thread (where few warps share a multiprocessor, large n, that latency hiding is
+// what counts), about 115 registers (N = 8, 15). MAT: the material adjoint above instead of dq/dt
+// (M: its arrays).
+template <int N, typename T, bool MAT = false>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), maxwell_min_blocks<N, T, MAT>())
-    maxwell_kernel(MaxwellArgs A,
-                                                                                 MaxwellMatArgs M = {}) {
+    maxwell_kernel(MaxwellArgs A, MaxwellMatArgs M = {}) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
   T* sD = reinterpret_cast<T*>(jaxsem_smem);  // sD[a*N + b] = D[a][b]
@@ -969,16 +969,21 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>(), maxwell_min_b
   for (int k = 0; k < N; ++k) {
     const int node = (k * N + j) * N + i;
     T curl[6] = {0, 0, 0, 0, 0, 0};  // ∇×E, ∇×H
+    T dd[3][6] = {};                  // ∂_a of the six fields
+#pragma unroll 1
+    for (int m = 0; m < N; ++m) {
+      const T D0 = sD[i * N + m], D1 = sD[j * N + m], D2 = sD[k * N + m];
+      const int a0 = (k * N + j) * N + m, a1 = (k * N + m) * N + i, a2 = (m * N + j) * N + i;
+#pragma unroll
+      for (int c = 0; c < 6; ++c) {
+        dd[0][c] += D0 * U[c * n3 + a0];
+        dd[1][c] += D1 * U[c * n3 + a1];
+        dd[2][c] += D2 * U[c * n3 + a2];
+      }
+    }
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
-      T d[6] = {0, 0, 0, 0, 0, 0};
-#pragma unroll UNROLL
-      for (int m = 0; m < N; ++m) {
-        const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
-        const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
-#pragma unroll
-        for (int c = 0; c < 6; ++c) d[c] += Dm * U[c * n3 + at];
-      }
+      const T* d = dd[a];
       const T r[3] = {A.rx[(a * 3 + 0) * stride + base + node], A.rx[(a * 3 + 1) * stride + base + node],
                       A.rx[(a * 3 + 2) * stride + base + node]};
       const T dE[3] = {d[0], d[1], d[2]}, dH[3] = {d[3], d[4], d[5]};
@@ -1034,13 +1039,7 @@ bool launch_maxwell(cudaStream_t st, int variant, const MaxwellArgs& A, const Ma
   const size_t smem = sizeof(T) * (N * N + EB * 6 * N * N * N);
   switch (variant) {
     case 2: {
-      auto kernel = maxwell_kernel<N, T, N, MAT>;
-      allow_smem(kernel, smem);
-      kernel<<<grid, block, smem, st>>>(A, M);
-      return true;
-    }
-    case 3: {
-      auto kernel = maxwell_kernel<N, T, 2, MAT>;
+      auto kernel = maxwell_kernel<N, T, MAT>;
       allow_smem(kernel, smem);
       kernel<<<grid, block, smem, st>>>(A, M);
       return true;
@@ -1087,9 +1086,9 @@ __device__ __forceinline__ T advection_face(const AdvectionArgs& A, T uf, int64_
   return A.lw[fp] * (A.an[fp] * uf - fstar);
 }
 
-// FORM: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN. UNROLL: how far the derivative loops are
-// unrolled (N: fully, variant 2; 2: variant 3).
-template <int N, typename T, int FORM, int UNROLL>
+// FORM: ADV_SPLIT, ADV_CONSERVATIVE or ADV_CHAIN. The derivatives of the three directions in one
+// loop over m, unrolled by two: 6 or 12 independent sums in flight per thread.
+template <int N, typename T, int FORM>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_kernel(AdvectionArgs A) {
   constexpr int EB = elements_per_block<N>();
   constexpr int n2 = N * N, n3 = N * N * N;
@@ -1116,19 +1115,22 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>()) advection_ker
   for (int k = 0; k < N; ++k) {
     const int node = (k * N + j) * N + i;
     T chain = 0, cons = 0;  // Σ_a A_a ∂_a u, Σ_a ∂_a(A_a u)
+    T du[3] = {0, 0, 0}, dau[3] = {0, 0, 0};  // ∂_a u, ∂_a(A_a u)
+#pragma unroll 2
+    for (int m = 0; m < N; ++m) {
+      const int at[3] = {(k * N + j) * N + m, (k * N + m) * N + i, (m * N + j) * N + i};
+      const T Dm[3] = {sD[i * N + m], sD[j * N + m], sD[k * N + m]};
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        if constexpr (CHAIN) du[a] += Dm[a] * U[at[a]];
+        if constexpr (CONS) dau[a] += Dm[a] * (U[(a + 1) * n3 + at[a]] * U[at[a]]);  // (A_a u) at node at
+      }
+    }
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
-      T du = 0, dau = 0;
-#pragma unroll UNROLL
-      for (int m = 0; m < N; ++m) {
-        const int at = a == 0 ? (k * N + j) * N + m : a == 1 ? (k * N + m) * N + i : (m * N + j) * N + i;
-        const T Dm = sD[(a == 0 ? i : a == 1 ? j : k) * N + m];
-        if constexpr (CHAIN) du += Dm * U[at];
-        if constexpr (CONS) dau += Dm * (U[(a + 1) * n3 + at] * U[at]);  // (A_a u) at node at
-      }
       // A_a at the node: from shared memory where it is staged (one global read of A, not two)
-      if constexpr (CHAIN) chain += (CONS ? U[(a + 1) * n3 + node] : A.A[a * stride + base + node]) * du;
-      if constexpr (CONS) cons += dau;
+      if constexpr (CHAIN) chain += (CONS ? U[(a + 1) * n3 + node] : A.A[a * stride + base + node]) * du[a];
+      if constexpr (CONS) cons += dau[a];
     }
     const T vol = FORM == ADV_SPLIT ? T(0.5) * (cons + chain) : CONS ? cons : chain;
     const T uf = U[node];
@@ -1147,23 +1149,20 @@ template <int N, typename T>
 bool launch_advection(cudaStream_t st, int variant, int form, const AdvectionArgs& A) {
   constexpr int EB = elements_per_block<N>();
   dim3 block(N, N, EB), grid(unsigned((A.E + EB - 1) / EB));
-  auto run = [&](auto unroll) {
-    auto one = [&](auto f) {
-      constexpr int FORM = decltype(f)::value;
-      const size_t smem = sizeof(T) * (N * N + EB * advection_words<FORM>() * N * N * N);
-      auto kernel = advection_kernel<N, T, FORM, decltype(unroll)::value>;
-      allow_smem(kernel, smem);
-      kernel<<<grid, block, smem, st>>>(A);
-      return true;
-    };
-    if (form == ADV_SPLIT) return one(std::integral_constant<int, ADV_SPLIT>{});
-    if (form == ADV_CONSERVATIVE) return one(std::integral_constant<int, ADV_CONSERVATIVE>{});
-    if (form == ADV_CHAIN) return one(std::integral_constant<int, ADV_CHAIN>{});
-    return false;
+  auto one = [&](auto f) {
+    constexpr int FORM = decltype(f)::value;
+    const size_t smem = sizeof(T) * (N * N + EB * advection_words<FORM>() * N * N * N);
+    auto kernel = advection_kernel<N, T, FORM>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, block, smem, st>>>(A);
+    return true;
   };
   switch (variant) {
-    case 2: return run(std::integral_constant<int, N>{});
-    case 3: return run(std::integral_constant<int, 2>{});
+    case 2:
+      if (form == ADV_SPLIT) return one(std::integral_constant<int, ADV_SPLIT>{});
+      if (form == ADV_CONSERVATIVE) return one(std::integral_constant<int, ADV_CONSERVATIVE>{});
+      if (form == ADV_CHAIN) return one(std::integral_constant<int, ADV_CHAIN>{});
+      return false;
     default: return false;
   }
 }
