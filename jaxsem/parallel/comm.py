@@ -309,7 +309,8 @@ class ShardComm(Transport):
 
         jax.eval_shape(_shard_map(probe, self.mesh, in_specs, PartitionSpec(self.axis_name)), *arrays)
         out_specs = element_specs(jax.tree.map(lambda nd: np.zeros((1,) * nd), kinds[0]), self.axis_name)
-        return _shard_map(call, self.mesh, in_specs, out_specs)(*arrays)
+        # jitted: outside jit a shard_map runs its body op by op, one dispatch per operation
+        return jax.jit(_shard_map(call, self.mesh, in_specs, out_specs))(*arrays)
 
 
 @jax.tree_util.register_dataclass
