@@ -499,6 +499,7 @@ class Series(NamedTuple):
 
 
 _COLUMNS = len(Series._fields)
+_ROW_BLOCK = 16  # series rows are allocated in multiples of this
 
 
 def _advance(ns: NavierStokes, chunk, y, m0, count):
@@ -559,7 +560,9 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     if chunk < 1:
         raise ValueError(f"sample_interval = {sample_interval} is shorter than dt = {dt}")
     samples = -(-num_steps // chunk)
-    rows = replicated(ns.sem, np.zeros((samples + 1, _COLUMNS), state.t.dtype))
+    # rows allocated in blocks, so that runs of similar lengths share one compiled chunk program
+    # (the buffer's shape is part of it); the rows past samples + 1 stay zero and are cut below
+    rows = replicated(ns.sem, np.zeros((-(-(samples + 1) // _ROW_BLOCK) * _ROW_BLOCK, _COLUMNS), state.t.dtype))
     rows = rows.at[0].set(_row0(ns, state))
     o = ns.options
     label = f"BDF{o.time_order}/EXT{o.time_order} Navier-Stokes"
@@ -574,14 +577,14 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
     (state, rows), info = ts.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
                                    args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start)
-    r = np.array(rows)
+    r = np.array(rows)[:samples + 1]
     r[0, [2, 6, 7]] = np.nan
     return state, Series(*(r[:, c] for c in range(_COLUMNS))), info
 
 
 def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
     """``(state, rows, step)`` from a checkpoint of :func:`run` with the same ``meta``; its series
-    is copied into ``rows`` (this run's length)."""
+    is copied into ``rows`` (this run's buffer; either may end in zero rows never written)."""
     comm = ns.sem.comm
     path = f"{path}{comm.file_suffix}"
     problem = ts.meta_mismatch(path, ts.checkpoint_meta(path), meta)
