@@ -143,7 +143,13 @@ def test_taylor_green_energy_balance():
 def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
     ns, st0, st, s, _ = tgv_run()
     path = tmp_path / "ns.npz"
+    programs = NS._advance_jit._cache_size()
     st_a, s_a, _ = NS.run(ns, st0, 0.2, sample_interval=0.1, options=ts.RunOptions(checkpoint_path=path))
+    # the series buffer is allocated in blocks of rows: the shorter run reuses the 0.4 run's
+    # compiled chunk, and its series holds its own samples only
+    assert NS._advance_jit._cache_size() == programs
+    assert list(np.round(s_a.time, 12)) == [0.0, 0.1, 0.2]
+    np.testing.assert_array_equal(s_a.kinetic_energy, s.kinetic_energy[:3])
     # a second run from the 0.2 checkpoint to 0.4 reproduces the uninterrupted one
     st_b, s_b, info = NS.run(ns, st0, 0.4, sample_interval=0.1, options=ts.RunOptions(resume=path))
     assert info.resumed_from == 10 and info.steps == 10

@@ -983,10 +983,9 @@ __global__ void __launch_bounds__(N * N * elements_per_block<N>(), maxwell_min_b
     }
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
-      const T* d = dd[a];
       const T r[3] = {A.rx[(a * 3 + 0) * stride + base + node], A.rx[(a * 3 + 1) * stride + base + node],
                       A.rx[(a * 3 + 2) * stride + base + node]};
-      const T dE[3] = {d[0], d[1], d[2]}, dH[3] = {d[3], d[4], d[5]};
+      const T dE[3] = {dd[a][0], dd[a][1], dd[a][2]}, dH[3] = {dd[a][3], dd[a][4], dd[a][5]};
       T cEv[3] = {curl[0], curl[1], curl[2]}, cHv[3] = {curl[3], curl[4], curl[5]};
       cross_add<N, T>(T(1), r, dE, cEv);
       cross_add<N, T>(T(1), r, dH, cHv);
