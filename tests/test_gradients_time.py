@@ -222,3 +222,36 @@ def test_probe_nodes_average_the_copies_of_a_shared_node():
                                p.distance, atol=1e-14)
     with pytest.raises(ValueError, match="points"):
         inverse.probe_nodes(dg.x, [0.5, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("model", ["maxwell", "advection"])
+def test_dot_product_and_directions_on_three_elements_per_direction(model):
+    """Curved 3×3×3 mesh of order 2, eight LSERK4 steps (plain and √-checkpointed reverse passes):
+    the dot-product test of the linear map q⁰ ↦ q(T) for random element-local v, w (1e-10), and
+    ⟨∇L, v⟩ against central differences along two random directions of the material (Maxwell: ε
+    per node) or of the initial field (advection), 1e-7."""
+    from gradcheck import directional_errors, dot_product_test, random_directions
+
+    steps = 8
+    if model == "maxwell":
+        dg = discretize_dg(box_mesh((3, 3, 3), 2, deform=0.1, periodic=(True, False, False)))
+        q0 = mx.cavity_mode(dg.x, 0.0) + 0.1 * mx.cavity_mode(dg.x, 0.0, mode=(2, 1, 1))
+        eps = 1.5 + 0.3 * jnp.sin(3 * dg.x[0]) * jnp.cos(2 * dg.x[1])
+        f = lambda e: (lambda t, q: mx.rhs(dg, mx.material(dg, e, 1.0), q))
+        dt, p0 = 0.02, eps
+    else:
+        dg = discretize_dg(box_mesh((3, 3, 3), 2, periodic=(True,) * 3, deform=0.1))
+        tr = ad.transport(dg)
+        q0 = ad.gaussian(dg.x, 0.0)
+        f = lambda _: (lambda t, u: ad.rhs(dg, tr, u))
+        dt, p0 = 0.01, q0
+    c = 1.0 + 0.2 * jnp.cos(dg.x[0] + dg.x[2])
+    for every in (None, "sqrt"):
+        run = lambda q, e: ts.integrate(f(e), q, dt, steps, checkpointing=ts.Checkpointing(every))
+        errs = dot_product_test(lambda q: run(q, p0), q0)
+        loss = (lambda e: jnp.sum(c * dg.mass * run(q0, e)[:3] ** 2)) if model == "maxwell" else \
+               (lambda u: jnp.sum(c * dg.mass * run(u, None) ** 2))
+        fd, _ = directional_errors(loss, p0, random_directions(p0, 2), h=1e-5)
+        print(model, every, [f"{e:.1e}" for e in errs], [f"{e:.1e}" for e in fd])
+        assert max(errs) < 1e-10, errs
+        assert max(fd) < 1e-7, fd

@@ -195,7 +195,9 @@ def shard_check(P: int) -> dict:
     nodes, more than the 20 Lanczos steps that bound its spectrum (a smaller coarse space
     exhausts the Krylov space and the bounds become round-off, which can change the V-cycle
     between serial and sharded runs). The fully periodic Taylor–Green and the Ethier–Steinman
-    cases are compared with serial under MPI (tests/mpi/test_navier_stokes_mpi.py)."""
+    cases are compared with serial under MPI (tests/mpi/test_navier_stokes_mpi.py). Then jax.grad of
+    the kinetic energy after three steps of ``simulate`` w.r.t. ν and the initial velocity
+    history: sharded equals serial."""
     from jaxsem.discretization import to_mesh_order
 
     tg = flows.taylor_green().velocity
@@ -203,7 +205,7 @@ def shard_check(P: int) -> dict:
                        deform=0.05)
     dt = 0.05
     wall = lambda x, y, z, t: jnp.exp(-0.5 * t) * tg(x, y, z)  # noqa: E731
-    res = {}
+    res, grads = {}, {}
     for key, devices in (("serial", None), ("shard", P)):
         ns = NS.setup(mesh, nu=0.05, dt=dt, boundary=wall, devices=devices, options=NS.NSOptions(**TIGHT))
         assert ns.walls
@@ -213,8 +215,16 @@ def shard_check(P: int) -> dict:
                     s.pressure_iterations[1:], s.velocity_iterations[1:])
         # the first state lies where the steps leave theirs, so the second chunk reuses the first's program
         layout = all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(st0), jax.tree.leaves(st)))
+        grads[key] = [np.asarray(g) for g in jax.jit(jax.grad(
+            lambda nu, U, ns=ns, st0=st0: NS.diagnostics(dataclasses.replace(ns, nu=nu), NS.simulate(
+                dataclasses.replace(ns, nu=nu), dataclasses.replace(st0, U=U), 3)).kinetic_energy,
+            argnums=(0, 1)))(ns.nu, st0.U)]
+        grads[key][1] = to_mesh_order(ns.sem, grads[key][1])
     (us, ps, es_, its, vits), (ud, pd, ed, itd, vitd) = res["serial"], res["shard"]
+    (gs_nu, gs_u), (gd_nu, gd_u) = grads["serial"], grads["shard"]
     return {"tgv_walls": dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
+                              grad_nu=float(abs(gd_nu - gs_nu) / abs(gs_nu)),
+                              grad_u=float(np.max(np.abs(gd_u - gs_u)) / np.max(np.abs(gs_u))),
                               p=float(np.max(np.abs(ps - pd)) / np.max(np.abs(ps))),
                               energy=float(np.max(np.abs(es_ - ed) / es_)),
                               iterations=[its.tolist(), itd.tolist()], velocity_iterations=[vits.tolist(), vitd.tolist()],
@@ -225,6 +235,7 @@ def test_sharded_equals_serial():
     res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
     for name, r in res.items():
         assert r["u"] < 1e-10 and r["p"] < 1e-8 and r["energy"] < 1e-12, (name, r)
+        assert r["grad_nu"] < 1e-9 and r["grad_u"] < 1e-9, (name, r)  # jax.grad through 3 steps
         assert r["iterations"][0] == r["iterations"][1], (name, r)
         assert r["velocity_iterations"][0] == r["velocity_iterations"][1], (name, r)
         assert r["layout_kept"] is True, (name, r)  # else every run compiles its chunk twice

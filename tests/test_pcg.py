@@ -1,3 +1,5 @@
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.solvers import pcg
-from jaxsem.solvers.pcg import linear_solve, min_tol
+from jaxsem.solvers.pcg import AdjointNotConvergedWarning, linear_solve, min_tol
 from jaxsem.core.reduce import weighted_dots
 
 
@@ -309,3 +311,53 @@ def test_weighted_dots_is_one_reduction_with_the_same_iterates():
     # (r, M r) and (r, r): one reduce instruction in the compiled body
     hlo = jax.jit(lambda r: dots([(r, dinv * r), (r, r)])).lower(r).as_text()
     assert hlo.count("stablehlo.reduce") == 1
+
+
+def _periodic_laplacian(n):
+    """The 1D periodic second difference: symmetric, singular, null space the constants."""
+    L = 2 * np.eye(n) - np.roll(np.eye(n), 1, 0) - np.roll(np.eye(n), -1, 0)
+    return jnp.asarray(L)
+
+
+@pytest.mark.parametrize("method", ["classic", "single-reduction", "flexible"])
+def test_nullspace_keeps_a_singular_solve_in_the_range(method):
+    """A preconditioner that amplifies the null space (as a Chebyshev polynomial's p(0) does)
+    with a right-hand side carrying a small constant part: with ``nullspace`` the solve meets
+    tol and returns the solution orthogonal to the constants; without it, it fails."""
+    n = 40
+    A = _periodic_laplacian(n)
+    one = jnp.ones(n)
+    M = jnp.eye(n) + 1e6 * jnp.outer(one, one) / n
+    rng = np.random.default_rng(5)
+    b0 = jnp.asarray(rng.standard_normal(n))
+    b0 = b0 - jnp.mean(b0)
+    b = b0 + 1e-9 * one  # a consistent system up to an inconsistency at the 1e-10 level
+    kw = dict(dot=jnp.vdot, precond=lambda r: M @ r, tol=1e-12, maxiter=200, method=method)
+    x, info = pcg(lambda v: A @ v, b, nullspace=one, **kw)
+    assert bool(info.converged), info.true_relative_residual
+    assert abs(float(jnp.sum(x))) < 1e-10 * float(jnp.linalg.norm(x))
+    np.testing.assert_allclose(A @ x, b0, atol=1e-11 * float(jnp.linalg.norm(b0)))
+    _, info = pcg(lambda v: A @ v, b, **kw)
+    assert not bool(info.converged)
+
+
+def test_adjoint_that_misses_tol_warns():
+    """jax.grad through linear_solve: an adjoint that stops above tol warns, naming the residual;
+    one that meets it is silent."""
+    n = 30
+    A = _periodic_laplacian(n) + 1e-3 * jnp.eye(n)
+    rng = np.random.default_rng(6)
+    b = jnp.asarray(rng.standard_normal(n))
+    w = jnp.asarray(rng.standard_normal(n))
+
+    def loss(b, maxiter):
+        x, _ = linear_solve(lambda v: A @ v, b, dot=jnp.vdot, project=lambda u: u, weight=jnp.ones(n),
+                            tol=1e-12, maxiter=maxiter)
+        return jnp.vdot(w, x)
+
+    with pytest.warns(AdjointNotConvergedWarning, match="relative residual"):
+        jax.block_until_ready(jax.jit(jax.grad(loss), static_argnums=1)(b, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AdjointNotConvergedWarning)
+        g = jax.jit(jax.grad(loss), static_argnums=1)(b, 200)
+    np.testing.assert_allclose(g, jnp.linalg.solve(A.T, w), rtol=1e-8)

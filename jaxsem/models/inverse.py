@@ -36,7 +36,6 @@ pass ``lambda q: sample(q, probes)`` as ``observe`` to
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import NamedTuple
 
 import jax
@@ -45,16 +44,12 @@ import numpy as np
 
 from ..discretization.sem import SEM
 from . import poisson
-from ..solvers.pcg import PCGInfo, pcg
+from ..solvers.pcg import AdjointNotConvergedWarning, PCGInfo, pcg, warn_adjoint
 
 __all__ = [
     "AdjointNotConvergedWarning", "adjoint_probe", "adjoint_info", "solve",
     "grid_field", "grid_gradient_penalty", "Probes", "probe_nodes", "sample",
 ]
-
-
-class AdjointNotConvergedWarning(RuntimeWarning):
-    """The adjoint PCG of a gradient stopped above its tolerance."""
 
 
 def adjoint_probe(maxiter: int = 1000, dtype=jnp.float64) -> PCGInfo:
@@ -75,18 +70,6 @@ def adjoint_info(probe_grad: PCGInfo) -> PCGInfo:
     """
     return probe_grad._replace(iterations=jnp.round(probe_grad.iterations).astype(jnp.int32),
                                converged=probe_grad.converged > 0.5, breakdown=probe_grad.breakdown > 0.5)
-
-
-def _warn_adjoint(converged, iterations, relative_residual):
-    converged = np.asarray(converged)
-    if not converged.all():
-        rel = np.asarray(relative_residual)
-        warnings.warn(
-            f"adjoint PCG did not converge: {int((~converged).sum())} of {converged.size} solve(s), "
-            f"iterations {np.asarray(iterations).ravel().tolist()}, relative residual "
-            f"{np.max(rel):.3e}; the gradient is inaccurate (raise maxiter or loosen tol)",
-            AdjointNotConvergedWarning, stacklevel=2,
-        )
 
 
 def solve(sem: SEM, f=None, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, *, rhs=None,
@@ -156,7 +139,7 @@ def _solve_bwd(tol, maxiter, method, check, res, cts):
                   dots=sem.dots, method=method)
     lam = weight * y
     if check and tol > 0:
-        jax.debug.callback(_warn_adjoint, info.converged, info.iterations, info.true_relative_residual)
+        jax.debug.callback(warn_adjoint, info.converged, info.iterations, info.true_relative_residual)
     _, vjp = jax.vjp(lambda s, b_, a1, a2: _residual(s, b_, a1, a2, u), sem, b, h1, h2)
     sem_bar, b_bar, h1_bar, h2_bar = vjp(lam)
     dt = u.dtype

@@ -187,7 +187,7 @@ class StepInfo(NamedTuple):
 class Diagnostics(NamedTuple):
     """Volume averages of the current state (scalars): ``kinetic_energy`` ⟨½|u|²⟩,
     ``enstrophy`` ⟨½|ω|²⟩, ``divergence`` ‖∇·u‖/‖∇u‖ (L2, element-local derivatives),
-    ``cfl`` Δt·max Σ_a |u·∇r_a|/Δr_a (the local GLL spacing Δr)."""
+    ``cfl`` Δt·max Σ_a |u·∇r_a|/Δr_a (the local GLL spacing Δr; not differentiated w.r.t. u)."""
 
     kinetic_energy: jax.Array
     enstrophy: jax.Array
@@ -325,17 +325,16 @@ def _velocity_jacobi(s: SEM, nu, h2):
 
 
 def _pressure_solve(ns: NavierStokes, bp, p0):
-    """(∇q, ∇p) = bp on the pure-Neumann pressure space (constants removed from ``bp``),
-    p-multigrid PCG from ``p0``; ``(p with zero mean, PCGInfo)``. Rank-local."""
+    """(∇q, ∇p) = bp on the pure-Neumann pressure space, p-multigrid PCG from ``p0`` kept
+    orthogonal to the constants (removed from ``bp`` and from each preconditioned residual);
+    ``(p with zero mean, PCGInfo)``. Rank-local."""
     ps, o = ns.psem, ns.options
-    one = ps.valid * jnp.ones_like(bp)
-    bp = bp - ps.dot(bp, one) / ps.dot(one, jnp.ones_like(bp))
     method = "flexible" if ns.pmg.dtype != ps.x.dtype else "classic"
     p, info = linear_solve(poisson.operator(ps, 1.0, 0.0), bp, dot=ps.dot, dots=ps.dots,
                            project=lambda u: ps.dssum(ps.mult * u), weight=ps.mult,
                            precond=lambda r: multigrid.vcycle(ns.pmg, r), tol=o.pressure_tol,
                            maxiter=o.pressure_maxiter, method=method, transposable=ps.backend.transposable,
-                           keep_z=True, x0=p0)
+                           keep_z=True, x0=p0, nullspace=ps.valid * jnp.ones_like(bp))
     return p - ps.integrate(p) / ns.volume, info
 
 
@@ -464,7 +463,8 @@ def _diagnostics_local(ns: NavierStokes, st: State):
     c = 0.0
     for a, shape in zip(range(3), ((1, 1, -1), (1, -1, 1), (-1, 1, 1))):
         c = c + jnp.abs(rx[a, 0] * u[0] + rx[a, 1] * u[1] + rx[a, 2] * u[2]) / dr.reshape(shape)
-    cfl = s.comm.allreduce(jnp.max(s.valid * c), "max") * ns.dt
+    # not differentiated (a max over ranks has no derivative rule): jax.grad of another field passes
+    cfl = s.comm.allreduce(jax.lax.stop_gradient(jnp.max(s.valid * c)), "max") * ns.dt
     return Diagnostics(ek, z, dn, cfl)
 
 

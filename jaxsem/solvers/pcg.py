@@ -18,12 +18,22 @@ the returned x. Non-convergence and non-finite numbers are reported in
 
 :func:`linear_solve` wraps PCG in ``lax.custom_linear_solve`` so that
 ``jax.grad`` differentiates by one adjoint solve (implicit differentiation),
-not through the iterations.
+not through the iterations; an adjoint solve that misses its tolerance warns
+(:class:`AdjointNotConvergedWarning`).
+
+A singular operator (the pure-Neumann or periodic Laplacian annihilates the
+constants) names its null space: ``b`` and every preconditioned residual are
+projected onto its orthogonal complement (P M P), so the iterates stay in the
+range. Without it a preconditioner that is not exactly singular on the null
+space (a Chebyshev polynomial's p(0) is large) feeds rounding errors along the
+null space back into the search directions, and once the residual reaches the
+rounding floor CG diverges instead of stagnating.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -31,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["PCGInfo", "pcg", "linear_solve", "min_tol"]
+__all__ = ["PCGInfo", "AdjointNotConvergedWarning", "pcg", "linear_solve", "min_tol"]
 
 # A relative residual below TOL_EPS·eps of the working precision cannot be
 # certified: b − A x itself carries rounding errors of at least eps·‖b‖, and the
@@ -39,6 +49,36 @@ __all__ = ["PCGInfo", "pcg", "linear_solve", "min_tol"]
 TOL_EPS = 10
 
 METHODS = ("classic", "single-reduction", "flexible")
+
+
+class AdjointNotConvergedWarning(RuntimeWarning):
+    """The adjoint PCG of a gradient stopped above its tolerance: the gradient is inaccurate."""
+
+
+def warn_adjoint(converged, iterations, relative_residual):
+    """Host side of the adjoint check: warn when any of the solves missed its tolerance."""
+    converged = np.asarray(converged)
+    if not converged.all():
+        rel = np.asarray(relative_residual)
+        warnings.warn(
+            f"adjoint PCG did not converge: {int((~converged).sum())} of {converged.size} solve(s), "
+            f"iterations {np.asarray(iterations).ravel().tolist()}, relative residual "
+            f"{np.max(rel):.3e}; the gradient is inaccurate (raise maxiter or loosen tol)",
+            AdjointNotConvergedWarning, stacklevel=2,
+        )
+
+
+def check_adjoint(info, tol):
+    """Warn (host callback, only when it fails) if the adjoint solve of ``info`` missed ``tol``;
+    nothing in fixed-iteration mode (``tol=0``)."""
+    if tol == 0:
+        return
+    bad = ~jnp.all(info.converged)
+
+    def report():
+        jax.debug.callback(warn_adjoint, info.converged, info.iterations, info.true_relative_residual)
+
+    lax.cond(bad, report, lambda: None)
 
 
 class PCGInfo(NamedTuple):
@@ -112,6 +152,12 @@ def _check_finite(value, name, what):
         raise ValueError(f"{name} ({what}) has {bad} non-finite value(s) (NaN or Inf) of {a.size}")
 
 
+def _orthogonal_projection(n, dot):
+    """``v -> v − (v, n)/(n, n) n``: the projection onto the complement of span(n) in ``dot``."""
+    nn = dot(n, n)
+    return lambda v: v - (dot(v, n) / nn) * n
+
+
 def _safe_div(a, b):
     return jnp.where(b != 0, a / jnp.where(b != 0, b, 1), jnp.zeros_like(a))
 
@@ -128,6 +174,7 @@ def pcg(
     dots: Callable | None = None,
     method: str = "classic",
     keep_z: bool = False,
+    nullspace=None,
 ):
     """Solve ``A x = b`` with preconditioned CG.
 
@@ -156,6 +203,12 @@ def pcg(
       keep_z: ``"classic"`` keeps z = M r between the reduction and the update
         instead of applying M twice: one vector more to store, for a preconditioner
         that costs more than a pass over a vector (multigrid; Jacobi recomputes).
+      nullspace: None (A nonsingular), or a vector n shaped like ``b`` spanning A's null
+        space (A n = 0; the constants of a pure-Neumann Laplacian): ``b`` and every
+        preconditioned residual are projected orthogonally to n in ``dot``
+        (P v = v − (v, n)/(n, n) n; the preconditioner becomes P M P), so the solution
+        is the one orthogonal to n plus x0's component along n. Two more reductions an
+        iteration.
 
     Returns ``(x, PCGInfo)``; ``converged`` is decided on the true residual
     b − A x (one operator application at exit, and CG restarts from the true
@@ -170,6 +223,10 @@ def pcg(
     _check_finite(x0, "x0", "initial guess")
     maxiter, tol = int(maxiter), float(tol)
     M = precond if precond is not None else (lambda r: r)
+    if nullspace is not None:
+        P = _orthogonal_projection(nullspace, dot)
+        M = lambda r, M=M: P(M(P(r)))
+        b = P(b)
     if dots is None:
         dots = lambda pairs: jnp.stack([dot(u, v) for u, v in pairs])
     if method == "single-reduction":
@@ -313,6 +370,7 @@ def linear_solve(
     transposable: bool = True,
     keep_z: bool = False,
     x0=None,
+    nullspace=None,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -321,8 +379,12 @@ def linear_solve(
     symmetric in ``dot``. The solve is ``S b = pcg(A, project(b))``; its
     Euclidean transpose is ``Sᵀ c = weight · pcg(A, mask·gs(c))``, which
     :func:`jax.lax.custom_linear_solve` uses for the adjoint solve. JAX's
-    transpose rule drops the adjoint solve's :class:`PCGInfo`; to see it (and
-    be warned when the adjoint does not converge) use :func:`jaxsem.inverse.solve`.
+    transpose rule drops the adjoint solve's :class:`PCGInfo`: an adjoint that
+    misses ``tol`` warns instead (:class:`AdjointNotConvergedWarning`, from a host
+    callback that runs only then); to read the info itself use
+    :func:`jaxsem.models.inverse.solve`. ``nullspace`` (singular ``A``): as :func:`pcg`,
+    for the forward and the adjoint solve alike (Sᵀ is then the transpose of the
+    solve onto the complement of the null space).
 
     Args: ``project`` as above; ``weight`` the inverse multiplicity E-vector
     (times the mask); ``transposable=False`` for an ``A`` that JAX cannot
@@ -330,22 +392,25 @@ def linear_solve(
     the operator JAX hands it, so it is handed ``A`` itself (JAX's
     ``symmetric=True``). First derivatives are exact either way; second
     derivatives through such a solve are not supported. ``x0``: an initial guess for
-    the forward solve (not differentiated: the solution does not depend on it, and the
-    adjoint solve starts from zero). Others as :func:`pcg`, whose checks run here first
+    the forward solve, projected like ``b`` (not differentiated: the solution does not
+    depend on it, and the adjoint solve starts from zero). Others as :func:`pcg`, whose checks run here first
     (before tracing). Returns ``(x, PCGInfo)``.
     """
     _check_options(tol, maxiter, method, b)
     _check_finite(b, "b", "right-hand side")
     maxiter, tol = int(maxiter), float(tol)
     run = lambda rhs, x0=None: pcg(A, rhs, dot=dot, precond=precond, x0=x0, tol=tol, maxiter=maxiter, dots=dots,
-                                   method=method, keep_z=keep_z)
-    x0 = None if x0 is None else lax.stop_gradient(x0)
+                                   method=method, keep_z=keep_z, nullspace=nullspace)
+    # x0 projected like b: a guess off the continuous, masked subspace (a discontinuous field)
+    # would otherwise stay in x, which CG changes only along that subspace
+    x0 = None if x0 is None else project(lax.stop_gradient(x0))
 
     def solve(_, rhs):
         return run(project(rhs), x0)
 
     def transpose_solve(_, ct):
         y, info = run(project(ct / jnp.where(weight != 0, weight, 1)))
+        check_adjoint(info, tol)
         return weight * y, info
 
     return lax.custom_linear_solve(A, b, solve, transpose_solve, symmetric=not transposable, has_aux=True)
