@@ -1,7 +1,9 @@
 """Gmsh import: corner orders, hex27 node order, rotated elements, errors."""
 
 import itertools
+import struct
 import sys
+import tracemalloc
 import warnings
 
 import meshio
@@ -436,3 +438,98 @@ def test_coincident_duplicate_nodes_are_merged(tmp_path):
         warnings.simplefilter("error")
         mesh = read_gmsh(path, order=3)
     assert len(mesh.vertices) == 16 and number_nodes(mesh).num_global == 2 * 4**3
+
+
+# ---------------------------------------------------------------- counts a binary file cannot hold
+
+
+def _binary_file(tmp_path, version):
+    """The (3, 3, 3) box as a binary .msh of ``version`` (64 nodes, 27 hexahedra, one entity block each)."""
+    box = box_mesh((3, 3, 3), order=1)
+    path = tmp_path / f"box{version}.msh"
+    meshio.gmsh.write(str(path), _msh(box.vertices, [("hexahedron", box.cells[:, LEX_TO_VTK8])]),
+                      fmt_version=version, binary=True)
+    return path.read_bytes()
+
+
+# Where each count sits, in bytes after its section's "$Nodes\n" / "$Elements\n" line (version 2:
+# after the count line that follows it), and its struct format; None: that ASCII count line.
+# 4.0: (blocks, total) then blocks of (tag, dim, parametric/type, count); 4.1: (blocks, total,
+# min tag, max tag) then blocks of (dim, tag, parametric/type, count).
+_COUNTS = {
+    ("2.2", "nodes"): ("Nodes", None), ("2.2", "elements"): ("Elements", None),
+    ("2.2", "element block"): ("Elements", (4, "=i")),
+    ("4.0", "nodes"): ("Nodes", (8, "=Q")), ("4.0", "node block"): ("Nodes", (16 + 12, "=Q")),
+    ("4.0", "element block"): ("Elements", (16 + 12, "=Q")), ("4.0", "entity blocks"): ("Nodes", (0, "=Q")),
+    ("4.1", "nodes"): ("Nodes", (8, "=Q")), ("4.1", "node block"): ("Nodes", (32 + 12, "=Q")),
+    ("4.1", "elements"): ("Elements", (8, "=Q")), ("4.1", "element block"): ("Elements", (32 + 12, "=Q")),
+    ("4.1", "entity blocks"): ("Elements", (0, "=Q")),
+}
+_CLAIM = {"nodes": r"\$Nodes claims {} nodes", "elements": r"\$Elements claims {} elements",
+          "node block": r"\$Nodes entity block 1 of 1 claims {} nodes",
+          "element block": r"\$Elements (entity )?block 1 (of 1|\(type 5\)) claims {} elements",
+          "entity blocks": r"\$(Nodes|Elements) claims {} entity blocks"}
+
+
+def _inflated(data, version, count_name, count, cut):
+    """``data`` with one count set to ``count``; ``cut``: the file ends 40 bytes after that count."""
+    section, where = _COUNTS[version, count_name]
+    head = data.index(f"\n${section}\n".encode()) + len(section) + 3
+    if where is None:  # version 2: "count\n" before the binary records
+        end = data.index(b"\n", head)
+        data, after = data[:head] + str(count).encode() + data[end:], head + len(str(count))
+    else:
+        if version == "2.2":  # the binary blocks follow the count line
+            head = data.index(b"\n", head) + 1
+        at = head + where[0]
+        data = data[:at] + struct.pack(where[1], count) + data[at + struct.calcsize(where[1]):]
+        after = at + struct.calcsize(where[1])
+    return data[:after + 40] if cut else data
+
+
+@pytest.mark.parametrize("cut", [False, True])
+@pytest.mark.parametrize("version, count_name", sorted(_COUNTS))
+def test_binary_counts_larger_than_the_file_are_refused_before_allocating(tmp_path, version, count_name, cut):
+    """A count of 10⁷ (hundreds of MB) in a file of a few KB: refused naming the file and the count,
+    with less than 8 MB allocated while reading (before: meshio allocated for the count, 0.3–0.4 GB)."""
+    path = tmp_path / "inflated.msh"
+    path.write_bytes(_inflated(_binary_file(tmp_path, version), version, count_name, 10**7, cut))
+    tracemalloc.start()
+    try:
+        # cut, the file may end before a total it states truly: then that total is the count refused
+        claim = r"\$\w+ .*claims \d+ [a-z ]+" if cut else _CLAIM[count_name].format(10**7)
+        with pytest.raises(ValueError, match=r"inflated\.msh: " + claim
+                           + r" \(at least \d+ bytes, \d+ each\) but only \d+ bytes follow in the \d+-byte file"):
+            read_gmsh(path, order=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MB allocated"
+
+
+@pytest.mark.parametrize("version, count_name", [("2.2", "nodes"), ("4.1", "nodes"), ("4.0", "node block"),
+                                                 ("4.1", "element block")])
+def test_terabyte_counts_are_value_errors_not_memory_errors(tmp_path, version, count_name):
+    path = tmp_path / "huge.msh"
+    path.write_bytes(_inflated(_binary_file(tmp_path, version), version, count_name, 10**12, cut=False))
+    with pytest.raises(ValueError, match=r"huge\.msh: " + _CLAIM[count_name].format(10**12)):
+        read_gmsh(path, order=2)
+
+
+@pytest.mark.parametrize("version", ["2.2", "4.0", "4.1"])
+def test_binary_files_with_true_counts_still_read(tmp_path, version):
+    path = tmp_path / "box.msh"
+    path.write_bytes(_binary_file(tmp_path, version))
+    mesh = read_gmsh(path, order=2)
+    assert mesh.num_elements == 27 and np.abs(mesh.x - box_mesh((3, 3, 3), order=2).x).max() < 1e-14
+
+
+def test_ascii_v41_node_total_larger_than_listed_is_refused(tmp_path):
+    """meshio allocates for $Nodes' total in ASCII 4.1 files too (before: a MemoryError for 10¹²)."""
+    good, _ = _good_file(tmp_path, "gmsh")
+    text = good.read_text()
+    assert "$Nodes\n1 12 1 12\n" in text
+    for total in (13, 10**12):
+        path = _edited(tmp_path, "total.msh", text.replace("$Nodes\n1 12 1 12\n", f"$Nodes\n1 {total} 1 12\n"))
+        with pytest.raises(ValueError, match=rf"total\.msh: .*\$Nodes announces {total} nodes and lists 12"):
+            read_gmsh(path, order=2)

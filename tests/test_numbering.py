@@ -86,3 +86,18 @@ def test_repeated_vertex_is_an_error():
     cells[0, 7] = cells[0, 0]
     with pytest.raises(ValueError, match="element 0"):
         number_nodes(dataclasses.replace(m, cells=cells))
+
+
+@pytest.mark.parametrize("row, shared", [
+    ([0, 1, 1, 0], "face 1 of element 0, which element 1 already shares \\(its face 0\\)"),
+    ([0, 1, 2, 0], "face 1 of element 0, which element 1 already shares \\(its face 0\\)"),
+    ([2, 1, 1, 0], "face 0 of element 1, which element 0 already shares \\(its face 1\\)"),
+    ([6, 3, 3, 2], "face 2 of element 3, which element 0 already shares \\(its face 3\\)"),
+])
+def test_pairing_a_shared_face_is_refused_naming_it(row, shared):
+    """Interior faces are translates of other faces too, so only the topology can refuse them."""
+    m = box_mesh((3, 3, 3), order=2)
+    m = dataclasses.replace(m, periodic_faces=np.array([row]))
+    with pytest.raises(ValueError, match=rf"periodic_faces\[0\] = \[{', '.join(map(str, row))}\] pairs {shared}; "
+                                         r"only boundary faces may be paired"):
+        number_nodes(m)

@@ -30,17 +30,20 @@ that order; the gather–scatter has one library per dtype) with ``nvcc`` (found
 ``PATH``, ``$CUDA_HOME/bin`` or ``$JAXSEM_NVCC``) for the GPU's own architecture,
 against the XLA FFI headers that jaxlib ships, and registers it with XLA before
 the call is lowered. One line on stderr says what is being built. Libraries are
-cached in ``$JAXSEM_CUDA_CACHE`` (default ``~/.cache/jaxsem``) under names keyed
-by a hash of the source, the headers' path, the architecture and the compiler,
-and written under a temporary name and renamed into place, so concurrent
-processes never load half a file. :func:`build` compiles every library (or those
-asked for) ahead of time, in parallel.
+cached in ``$JAXSEM_CUDA_CACHE`` (an absolute path; default ``~/.cache/jaxsem``), a
+directory of the user's own that no one else can write (created 0700), under names
+keyed by a hash of the source, the headers' path, the architecture and the compiler,
+each with the sha256 of the file the build produced beside it; a library is loaded
+only when its content matches that digest, and rebuilt otherwise
+(:mod:`jaxsem.backends.cache`). :func:`build` compiles every library (or those asked
+for) ahead of time, in parallel.
 
 ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, used
 as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: one of
-:data:`OPS` or :data:`DERIVATIVE_OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``;
-``build(folder=…)`` writes such a folder. A kernel whose file is missing there
-raises when it is first called.
+:data:`OPS` or :data:`DERIVATIVE_OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``,
+each with its ``.so.sha256``; ``build(folder=…)`` writes such a folder. A kernel
+whose file is missing there, or does not match its digest, raises when it is
+first called.
 
 Differentiation: a custom JVP whose tangent is the einsum reference's, so forward
 and reverse mode work and implicit solves can transpose it.
@@ -49,7 +52,6 @@ and reverse mode work and implicit solves can transpose it.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import functools
 import hashlib
 import math
@@ -65,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import cache
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 
@@ -230,18 +233,19 @@ def _tag(arch: str, nvcc: str | None) -> str:
     return f"sm{arch}_{h.hexdigest()[:16]}"
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("JAXSEM_CUDA_CACHE", Path.home() / ".cache" / "jaxsem"))
-
-
-def _cached(key, device) -> Path:
-    """Library ``key`` in the cache, for this GPU, source and compiler."""
-    return _cache_dir() / _file_name(key).replace(".so", f"_{_tag(_arch(device), _nvcc())}.so")
+def _cached(key, device, root: Path | None = None) -> Path:
+    """Library ``key`` in the cache (``root``, default: the checked cache directory), for this
+    GPU, source and compiler."""
+    root = cache.trusted_dir(cache.cache_dir()) if root is None else root
+    return root / _file_name(key).replace(".so", f"_{_tag(_arch(device), _nvcc())}.so")
 
 
 def _built(device) -> bool:
-    """Whether every library for this GPU and source is in the cache."""
-    return all(_cached(k, device).exists() for k in libraries())
+    """Whether every library for this GPU and source is in the cache with its digest (checked
+    against the file when it is loaded)."""
+    root = cache.trusted_dir(cache.cache_dir())
+    paths = [_cached(k, device, root) for k in libraries()]
+    return all(p.exists() and cache.digest_file(p).exists() for p in paths)
 
 
 @functools.cache
@@ -274,7 +278,7 @@ def _compile(todo: dict, device, jobs: int) -> None:
             proc = subprocess.run(cmd + [str(SOURCE), "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-            os.replace(out, path)  # atomic: other processes never see half a file
+            cache.install(out, path)
 
     order = sorted(todo, key=lambda k: -(k[2] or 0))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -300,8 +304,9 @@ def build(keys=None, folder=None, jobs: int | None = None, verbose: bool = True)
     device = _gpu()
     if device is None:
         raise RuntimeError("jaxsem CUDA kernels need a CUDA GPU (jax.devices('gpu') is empty)")
-    paths = {k: Path(folder) / _file_name(k) if folder is not None else _cached(k, device) for k in keys}
-    todo = {k: p for k, p in paths.items() if not p.exists()}
+    root = Path(folder) if folder is not None else cache.trusted_dir(cache.cache_dir())
+    paths = {k: root / _file_name(k) if folder is not None else _cached(k, device, root) for k in keys}
+    todo = {k: p for k, p in paths.items() if cache.mismatch(p) is not None}
     if todo:
         if verbose:
             print(f"jaxsem: building {len(todo)} CUDA kernel libraries for sm_{_arch(device)} in "
@@ -320,14 +325,17 @@ def _target(op: str, dtype: str, n: int | None) -> str:
         path = Path(prebuilt) / _file_name(key)
         if not path.exists():
             raise FileNotFoundError(f"$JAXSEM_CUDA_LIB={prebuilt} has no {path.name} ({op}, {dtype}, n = {n})")
+        rebuild = None
     else:
         device = _gpu()
         path = _cached(key, device)
-        if not path.exists():
+
+        def rebuild(reason):
             print(f"jaxsem: building the CUDA kernels {op}, {dtype}" + ("" if n is None else f", n = {n}")
-                  + f" for sm_{_arch(device)} (once; cached in {path.parent})", file=sys.stderr, flush=True)
+                  + f" for sm_{_arch(device)} ({reason}; cached in {path.parent})", file=sys.stderr, flush=True)
             _compile({key: path}, device, 1)
-    lib = ctypes.cdll.LoadLibrary(str(path))
+
+    lib = cache.load_verified(path, rebuild)
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.JaxsemKernel), platform="CUDA")
     return name
 

@@ -22,10 +22,14 @@ import numpy as np
 
 from ..core import basis
 
-__all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "element_nodes"]
+__all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "PERIODIC_TOL", "element_nodes"]
 
 # Local face f lies at r/s/t = (-1 if f even else +1) on axis FACE_AXIS[f].
 FACE_AXIS = (0, 0, 1, 1, 2, 2)
+
+# Paired periodic faces may depart from one translation by this times the bounding-box
+# diagonal of the paired faces' nodes: far above the round-off of GLL coordinates, far below any element.
+PERIODIC_TOL = 1e-9
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -40,7 +44,9 @@ class Mesh:
       x: ``(3, E, n, n, n)`` float64 coordinates of the GLL nodes, ``[c, e, k, j, i]``.
       periodic_faces: ``(P, 4)`` int64 rows ``(e_a, f_a, e_b, f_b)``: face f_a of
         element e_a is identified with face f_b of e_b, node (u, v) of one with
-        node (u, v) of the other in face-local order (a translation).
+        node (u, v) of the other in face-local order. Checked: the nodes of the two
+        faces must be one translation of each other (within :data:`PERIODIC_TOL`), and
+        no face may be paired with itself or appear in two pairs.
       elements: element counts per axis for box meshes, else ``None``.
       periodic: periodic flag per axis for box meshes.
     """
@@ -81,6 +87,7 @@ class Mesh:
                         or pf[:, [1, 3]].min() < 0 or pf[:, [1, 3]].max() > 5):
             raise ValueError(f"periodic_faces rows must be (element in [0, {E}), face in [0, 6), element, face), "
                              f"got {pf[:3].tolist()}…")
+        _check_periodic(x, pf)
         if self.elements is not None and (len(self.elements) != 3 or int(np.prod(self.elements)) != E):
             raise ValueError(f"elements must be 3 counts whose product is E = {E}, got {self.elements!r}")
         for name, value in (("cells", cells), ("vertices", vertices), ("x", x), ("periodic_faces", pf)):
@@ -97,6 +104,58 @@ class Mesh:
     def __repr__(self):
         shape = f"elements={self.elements}, " if self.elements else f"E={self.num_elements}, "
         return f"Mesh({shape}order={self.order}, periodic={self.periodic}, deform={self.deform})"
+
+
+def _face_nodes(x: np.ndarray, e: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """Coordinates of face ``f[p]`` of element ``e[p]``: ``(3, P, n, n)`` ``[c, p, v, u]``.
+
+    ``x: (3, E, n, n, n)``; the face-local order of :func:`jaxsem.mesh.numbering.face_slice`
+    (the remaining node axes in ``[k, j, i]`` order), the order periodic pairs match in.
+    """
+    n = x.shape[-1]
+    out = np.empty((3, len(e), n, n))
+    for face in range(6):
+        sel = f == face
+        if sel.any():
+            at = [slice(None)] * 5
+            at[4 - FACE_AXIS[face]] = 0 if face % 2 == 0 else n - 1  # x's node axes are [k, j, i]
+            out[:, sel] = x[tuple(at)][:, e[sel]]  # a view of the faces, then a copy of those paired
+    return out
+
+
+def _check_periodic(x: np.ndarray, pf: np.ndarray) -> None:
+    """``ValueError`` naming the first pair of ``periodic_faces`` that is not a translation,
+    pairs a face with itself, or reuses a face of another pair."""
+    if not len(pf):
+        return
+    faces = np.concatenate([pf[:, 0] * 6 + pf[:, 1], pf[:, 2] * 6 + pf[:, 3]])
+    uniq, counts = np.unique(faces, return_counts=True)
+    if (counts > 1).any():
+        face = int(uniq[counts > 1][0])
+        rows = sorted({int(i) % len(pf) for i in np.nonzero(faces == face)[0]})
+        what = (f"pairs face {face % 6} of element {face // 6} with itself" if len(rows) == 1
+                else f"pair face {face % 6} of element {face // 6} more than once (rows {rows})")
+        raise ValueError(f"periodic_faces {pf[rows].tolist()} {what}; a face may be in one pair, "
+                         f"with another face")
+    xa = _face_nodes(x, pf[:, 0], pf[:, 1])
+    xb = _face_nodes(x, pf[:, 2], pf[:, 3])
+    shift = xb - xa
+    off = np.abs(shift - shift[:, :, :1, :1]).max(axis=0)  # (P, n, n): departure from node (0, 0)'s shift
+    both = np.concatenate([xa, xb], axis=1).reshape(3, -1)  # spans the periodic directions
+    tol = PERIODIC_TOL * float(np.linalg.norm(both.max(axis=1) - both.min(axis=1)))
+    err = off.reshape(len(pf), -1).max(axis=1)
+    bad = np.nonzero(err > tol)[0]
+    if bad.size:
+        p = int(bad[0])
+        ea, fa, eb, fb = (int(v) for v in pf[p])
+        v, u = np.unravel_index(int(np.argmax(off[p])), off[p].shape)
+        t = [float(f"{c:.6g}") for c in shift[:, p, 0, 0]]
+        raise ValueError(
+            f"periodic_faces[{p}] = {pf[p].tolist()}: face {fa} of element {ea} and face {fb} of element {eb} "
+            f"are not translates of each other: at face node (u, v) = ({u}, {v}) they are {err[p]:.3g} off "
+            f"the translation {t} of node (0, 0) (allowed: PERIODIC_TOL * the faces' diagonal = {tol:.3g}); "
+            f"{bad.size} of {len(pf)} pairs mismatch. Paired faces must match node for node in "
+            f"face-local order, up to one translation")
 
 
 def _int_array(value, name) -> np.ndarray:

@@ -19,7 +19,9 @@ file with duplicated nodes does not become a mesh split by an internal wall.
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import warnings
 
 import numpy as np
@@ -99,7 +101,8 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     Raises ``FileNotFoundError`` / ``IsADirectoryError`` for a missing path or a
     folder, and ``ValueError`` naming the file for: an empty, truncated or
     unparsable file (text that is not a mesh, binary garbage, an unknown format
-    version); node ids that are not positive or are defined twice, and elements
+    version, a binary header claiming more nodes or elements than the file holds: refused
+    before anything is allocated for them); node ids that are not positive or are defined twice, and elements
     that use a node id the file does not define (checked on the node ids of ASCII
     files; in binary files as far as the parsed connectivity shows); non-finite
     coordinates; an element that repeats a corner; any other 3-D cell type (tetra,
@@ -118,6 +121,7 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     if os.path.getsize(name) == 0:
         raise ValueError(f"{name}: the file is empty (expected a Gmsh .msh mesh)")
     tags = _check_ascii_node_ids(name)  # None for binary files
+    _check_binary_counts(name)
     msh = _meshio_read(name)
 
     blocks: dict[str, list[np.ndarray]] = {}
@@ -216,16 +220,13 @@ def _check_ascii_node_ids(name: str):
     wraps to another node and a repeated id silently replaces the first one: these,
     and element node ids that ``$Nodes`` does not define, are a ``ValueError`` here.
     """
+    fmt = _msh_format(name)
+    if fmt is None:
+        return None  # not a Gmsh header (meshio's parse names the problem) or comments > 4 KB
+    version, file_type, _ = fmt
+    if file_type != "0" or not (version.startswith("2") or version in ("4", "4.1")):
+        return None  # binary, or v4.0: left to meshio's parse
     with open(name, "rb") as f:
-        head = f.read(4096).decode("utf-8", errors="replace").splitlines()
-        try:
-            i = [line.strip() for line in head].index("$MeshFormat")
-            version, file_type = head[i + 1].split()[:2]
-        except (ValueError, IndexError):
-            return None  # not a Gmsh header (meshio's parse names the problem) or comments > 4 KB
-        if file_type != "0" or not (version.startswith("2") or version in ("4", "4.1")):
-            return None  # binary, or v4.0: left to meshio's parse
-        f.seek(0)
         text = f.read().decode("utf-8", errors="replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     try:
@@ -250,6 +251,140 @@ def _check_ascii_node_ids(name: str):
             elem = np.repeat([e for e, _ in elements], [len(v) for _, v in elements])[k]
             raise ValueError(f"{name}: element {elem} uses node id {int(nodes[k])}, which $Nodes does not define")
     return tags
+
+
+def _msh_format(name: str):
+    """``(version, file type, data size)`` of the ``$MeshFormat`` line in the first 4 KB of
+    ``name`` (``"0"`` ASCII, ``"1"`` binary; data size 8 if absent), or None."""
+    with open(name, "rb") as f:
+        head = f.read(4096).decode("utf-8", errors="replace").splitlines()
+    try:
+        i = [line.strip() for line in head].index("$MeshFormat")
+        words = head[i + 1].split()
+        return words[0], words[1], int(words[2]) if len(words) > 2 else 8
+    except (ValueError, IndexError):
+        return None
+
+
+def _layout_v4(version: str, data_size: int) -> dict | None:
+    """The binary layout meshio reads a version-4 file with (struct formats, native byte order):
+    the ``$Nodes`` and ``$Elements`` headers, their entity-block headers, the bytes of a node and
+    of an integer. meshio reads "4.0" as 4.0 and any other "4…" as 4.1, whose size_t is the
+    header's data size (None where meshio has no such integer)."""
+    if version == "4.0":
+        return dict(nodes="=2Q", node_block="=3iQ", node=4 + 24, elements="=2Q", element_block="=3iQ",
+                    word=4, v41=False)
+    st = {4: "I", 8: "Q"}.get(data_size)
+    return None if st is None else dict(nodes="=4" + st, node_block="=3i" + st, node=data_size + 24,
+                                        elements="=4" + st, element_block="=3i" + st, word=data_size, v41=True)
+
+
+def _check_binary_counts(name: str) -> None:
+    """``ValueError`` naming the file and the count when a binary ``.msh`` claims more nodes or
+    elements than it holds.
+
+    meshio allocates arrays for the counts a header claims before reading them, so one corrupt
+    count could ask for terabytes (a ``MemoryError``, or a machine swapping). Every count, the
+    section's total and each entity block's, is checked here against the bytes that follow it,
+    at the fewest bytes a node or element of that block takes; nothing is allocated for it.
+    """
+    fmt = _msh_format(name)
+    if fmt is None or fmt[1] != "1":
+        return
+    version, _, data_size = fmt
+    layout = None if version.startswith("2") else _layout_v4(version, data_size)
+    if not version.startswith(("2", "4")) or version.startswith("4") and layout is None:
+        return  # meshio refuses these versions and sizes itself, before allocating
+    size = os.path.getsize(name)
+    with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+
+        def fits(where, count, unit, each, pos):
+            if count < 0 or count * each > size - pos:
+                raise ValueError(f"{name}: {where} claims {count} {unit} (at least {count * each} bytes, "
+                                 f"{each} each) but only {size - pos} bytes follow in the {size}-byte file: "
+                                 f"truncated, or a corrupt count; refused before reading it")
+
+        for section in ("Nodes", "Elements"):
+            start = mm.find(f"\n${section}\n".encode())
+            if start >= 0:
+                pos = start + len(section) + 3
+                if layout is None:
+                    _walk_v2(mm, pos, section, fits)
+                else:
+                    _walk_v4(mm, pos, section, fits, layout)
+
+
+def _ints(mm, fmt, pos):
+    """``struct.unpack_from(fmt, mm, pos)`` and the position after it; None past the end."""
+    if pos + struct.calcsize(fmt) > len(mm):
+        return None, pos
+    return struct.unpack_from(fmt, mm, pos), pos + struct.calcsize(fmt)
+
+
+def _nodes_per(gmsh_type: int) -> int | None:
+    """Nodes of a Gmsh element type as meshio reads it (None for a type meshio does not know)."""
+    from meshio._common import num_nodes_per_cell
+    from meshio.gmsh.common import _gmsh_to_meshio_type
+
+    return num_nodes_per_cell.get(_gmsh_to_meshio_type.get(gmsh_type))
+
+
+def _walk_v2(mm, pos, section, fits):
+    """Check a version-2 binary section's counts (:func:`_check_binary_counts`)."""
+    end = mm.find(b"\n", pos, pos + 32)
+    try:
+        total = int(mm[pos:end]) if end >= 0 else None
+    except ValueError:
+        total = None
+    if total is None:
+        return  # not a count: meshio's parse names it
+    pos = end + 1
+    if section == "Nodes":
+        fits("$Nodes", total, "nodes", 4 + 24, pos)  # int tag, 3 doubles
+        return
+    fits("$Elements", total, "elements", 4 * 2, pos)  # an id and one node at the least
+    seen, block = 0, 0
+    while seen < total:
+        head, pos = _ints(mm, "=3i", pos)
+        block += 1
+        if head is None:
+            return
+        kind, count, tags = head
+        nodes = _nodes_per(kind)
+        if nodes is None or tags < 0:
+            return
+        each = 4 * (1 + tags + nodes)
+        fits(f"$Elements block {block} (type {kind})", count, "elements", each, pos)
+        pos += count * each
+        seen += count
+
+
+def _walk_v4(mm, pos, section, fits, layout):
+    """Check a version-4 binary section's counts (:func:`_check_binary_counts`)."""
+    head, pos = _ints(mm, layout["nodes" if section == "Nodes" else "elements"], pos)
+    if head is None:
+        return
+    blocks, total = head[:2]
+    if section == "Nodes":
+        each, unit = layout["node"], "nodes"
+    else:
+        each, unit = 2 * layout["word"], "elements"  # an id and one node at the least
+    fits(f"${section}", total, unit, each, pos)
+    fits(f"${section}", blocks, "entity blocks", struct.calcsize(layout["node_block"]), pos)
+    for b in range(blocks):
+        head, pos = _ints(mm, layout["node_block" if section == "Nodes" else "element_block"], pos)
+        if head is None:
+            return
+        if section == "Nodes":
+            if layout["v41"] and head[2] != 0:
+                return  # parametric nodes (4.1): meshio refuses them itself
+        else:
+            nodes = _nodes_per(head[2])
+            if nodes is None:
+                return
+            each = layout["word"] * (1 + nodes)
+        fits(f"${section} entity block {b + 1} of {blocks}", head[3], unit, each, pos)
+        pos += head[3] * each
 
 
 def _section(lines, tag):
@@ -291,7 +426,7 @@ def _ascii_ids_v41(lines):
     if nodes is None or elems is None:
         return None, []
     a, b = nodes
-    nblocks = int(lines[a].split()[0])
+    nblocks, total = (int(t) for t in lines[a].split()[:2])
     k, tags = a + 1, []
     for _ in range(nblocks):
         dim, _, parametric, count = (int(t) for t in lines[k].split())
@@ -299,6 +434,8 @@ def _ascii_ids_v41(lines):
         k += 1 + 2 * count
         if k > b:
             raise ValueError("$Nodes ends inside a block")
+    if len(tags) != total:  # meshio allocates for the announced count
+        raise ValueError(f"$Nodes announces {total} nodes and lists {len(tags)}")
     a, b = elems
     nblocks = int(lines[a].split()[0])
     k, out = a + 1, []

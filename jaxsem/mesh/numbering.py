@@ -196,8 +196,13 @@ def number_nodes(mesh: Mesh) -> Numbering:
     pf = np.asarray(mesh.periodic_faces, dtype=np.int64).reshape(-1, 4)
     if len(pf):
         ea, fa, eb, fb = pf.T
-        if np.any(neighbors[ea, fa, 0] >= 0) or np.any(neighbors[eb, fb, 0] >= 0):
-            raise ValueError("periodic_faces pairs a face that is already shared between elements")
+        shared = (neighbors[ea, fa, 0] >= 0) | (neighbors[eb, fb, 0] >= 0)
+        if shared.any():
+            p = int(np.argmax(shared))
+            e, f = (ea[p], fa[p]) if neighbors[ea[p], fa[p], 0] >= 0 else (eb[p], fb[p])
+            raise ValueError(f"periodic_faces[{p}] = {pf[p].tolist()} pairs face {f} of element {e}, which element "
+                             f"{neighbors[e, f, 0]} already shares (its face {neighbors[e, f, 1]}); only boundary "
+                             f"faces may be paired")
         neighbors[ea, fa] = np.stack([eb, fb], 1)
         neighbors[eb, fb] = np.stack([ea, fa], 1)
         ids_a = np.stack([gid[e][face_slice(int(f), N)[1:]] for e, f in zip(ea, fa)]).ravel()

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import operator
 import os
+import socket
 import warnings
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -204,9 +207,11 @@ def init_distributed() -> bool:
 
     Call it first thing, before any JAX computation: afterwards ``jax.devices()`` lists
     every process's devices, and ``discretize(mesh, devices=jax.devices())`` spans them
-    all (NCCL between GPUs; gloo between CPU processes). Rank, size and coordinator come
-    from MPI through mpi4py (``cluster_detection_method="mpi4py"``). Returns True when
-    it initialized (or already had), False on a single process.
+    all (NCCL between GPUs; gloo between CPU processes). Rank and size come from MPI
+    through mpi4py (``cluster_detection_method="mpi4py"``); the coordinator's address is
+    agreed over MPI (:func:`_coordinator`), and process 0 serves it on that address only,
+    not on every interface of its host. Returns True when it initialized (or already
+    had), False on a single process.
     """
     size = launcher_size()
     if size is None or size <= 1:
@@ -223,8 +228,79 @@ def init_distributed() -> bool:
     # (bind_local_device, or the user's CUDA_VISIBLE_DEVICES) sees its GPUs numbered from 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = list(range(len(visible.split(",")))) if visible else None
-    jax.distributed.initialize(cluster_detection_method="mpi4py", local_device_ids=ids)
+    from mpi4py import MPI
+
+    address, bind = _coordinator(MPI.COMM_WORLD)
+    jax.distributed.initialize(address, cluster_detection_method="mpi4py", local_device_ids=ids,
+                               coordinator_bind_address=bind)
     return True
+
+
+def _coordinator(world) -> tuple[str, str]:
+    """``(address, bind)``: where every process reaches the ``jax.distributed`` coordinator, and
+    the ``ip:port`` process 0 serves it on; decided by process 0 of the mpi4py communicator
+    ``world`` and broadcast, so that every process gets the same answer or the same error.
+
+    ``$JAX_COORDINATOR_ADDRESS`` (``host:port``), when set, is the address, served on that
+    host's IP; else :func:`_coordinator_address` on ``$JAX_COORDINATOR_PORT`` or a port chosen
+    from process 0's host name. ``$JAX_COORDINATOR_BIND_ADDRESS`` overrides the bind address.
+    """
+    hosts = world.allgather(socket.gethostname())
+    answer = None
+    if world.Get_rank() == 0:
+        try:
+            given = os.environ.get("JAX_COORDINATOR_ADDRESS")
+            if given:
+                host, port = given.rsplit(":", 1)
+                answer = (given, f"{_host_ip(host.strip('[]'))}:{port}")
+            else:
+                # the range JAX's own mpi4py detection draws from; the host name keeps it stable
+                port = os.environ.get("JAX_COORDINATOR_PORT") or str(61440 + zlib.crc32(hosts[0].encode()) % 4096)
+                address = _coordinator_address(hosts, port)
+                answer = (address, address)
+        except (OSError, ValueError) as err:
+            answer = f"{type(err).__name__}: {err}"
+    answer = world.bcast(answer, root=0)
+    if isinstance(answer, str):
+        raise RuntimeError(f"jax.distributed: no coordinator address for process 0 on {hosts[0]} ({answer}); "
+                           "set JAX_COORDINATOR_ADDRESS=<IP of that host on the network the processes "
+                           "share>:<port>")
+    address, bind = answer
+    return address, os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or bind
+
+
+def _host_ip(host: str) -> str:
+    """``host`` if it is an IP address, else its IPv4 address."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return socket.gethostbyname(host)
+
+
+def _route_ip(peer: str) -> str:
+    """This host's address on the route to IP ``peer`` (connecting a UDP socket sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
+
+
+def _coordinator_address(hosts, port, resolve=_host_ip, route=_route_ip) -> str:
+    """``ip:port`` of the coordinator of processes on ``hosts`` (host names, process 0's first).
+
+    All on one host: the loopback address, which no other machine can reach. Across hosts:
+    process 0's host resolved, or, where that gives a loopback address (Debian's /etc/hosts
+    maps the host name to 127.0.1.1), this host's address on the route to another host.
+    ``ValueError`` when neither is an address the other hosts can reach.
+    """
+    if all(h == hosts[0] for h in hosts):
+        return f"127.0.0.1:{port}"
+    ip = resolve(hosts[0])
+    if ipaddress.ip_address(ip).is_loopback:
+        peer = next(h for h in hosts if h != hosts[0])
+        ip = route(resolve(peer))
+        if ipaddress.ip_address(ip).is_loopback:
+            raise ValueError(f"host {hosts[0]} resolves to a loopback address, and so does its route to {peer}")
+    return f"{ip}:{port}"
 
 
 @jax.tree_util.register_dataclass
