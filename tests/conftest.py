@@ -26,9 +26,23 @@ _MPI_DIR = pathlib.Path(__file__).resolve().parent / "mpi"
 _SLOW_FIRST = ("test_shard", "test_navier_stokes", "test_distributed_jax", "test_multigrid", "test_cli")
 
 
+# The slow tests (marker ``slow``; ``pytest -m "not slow"`` is the quick suite): whole modules of
+# solver runs, subprocess and multi-process checks, and the slowest tests of the other modules.
+_SLOW_MODULES = {"test_shard", "test_distributed_jax", "test_navier_stokes", "test_navier_stokes_gradients",
+                 "test_gradients_time", "test_maxwell", "test_maxwell_adjoint", "test_multigrid", "test_assembled",
+                 "test_advection", "test_reliability_files", "test_cli", "test_bench", "test_roofline",
+                 "test_gradients"}
+_SLOW_TESTS = ("test_neumann_helmholtz_converges", "test_single_reduction_cg_has_the_classic_iterates",
+               "test_reverse_pass_of_a_nonlinear_f", "test_both_remat_schedules", "test_exponential_convergence_in_p",
+               "test_algebraic_rate_p_plus_1_in_h")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(pathlib.Path(str(item.path)).stem, len(rank)))
+    for item in items:
+        if pathlib.Path(str(item.path)).stem in _SLOW_MODULES or item.name.startswith(_SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
     size = launcher_size()
     if size is not None and size > 1:
         return

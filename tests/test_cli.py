@@ -3,9 +3,11 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jaxsem.app import cli
@@ -121,6 +123,8 @@ BAD = [
     (["solve", "poisson", "--transport", "shard"], "--transport"),  # applies under mpirun only
     (["solve", "tgv", "--t-final", "-1"], "--t-final"),
     (["solve", "tgv", "--dt", "0.5"], "--dt"),  # longer than the sample interval
+    (["solve", "tgv", "--dt", "0.03"], "--sample (0.1)"),  # 3.33 steps per sample
+    (["solve", "tgv", "--dt", "0.05", "--t-final", "0.125"], "--t-final (0.125)"),  # 2.5 steps
     (["solve", "tgv", "--reynolds", "0"], "--reynolds"),
     (["solve", "tgv", "--order", "1"], "--order"),
     (["solve", "tgv", "--resume", "/nonexistent/ckpt.npz"], "--resume"),
@@ -240,3 +244,80 @@ def test_solve_tgv_json_contract(capsys, tmp_path):
     # snapshots at 0.2 and at t_final, in two run segments that give the one-run series
     assert r["vtu"] == [str(tmp_path / "s_t0.2.vtu"), str(tmp_path / "s.vtu")]
     assert all(os.path.getsize(p) > 0 for p in r["vtu"])
+
+
+def _refused(argv, capsys, monkeypatch) -> str:
+    """The one stderr line of a command refused with exit 2 before any set-up."""
+    def no_jax_work(*a, **k):
+        raise AssertionError("validation must happen before any JAX work")
+
+    monkeypatch.setattr("jaxsem.app.tgv.run_tgv", no_jax_work)
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_tgv_output_paths_are_checked_before_the_run(tmp_path, capsys, monkeypatch):
+    """--checkpoint, --vtu and the files of --out: a symlink (dangling or not), a directory or a
+    missing folder in their place is refused with exit 2, naming the argument and the path."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "ck.npz").symlink_to(victim)
+    (tmp_path / "s.vtu").symlink_to(tmp_path / "nowhere")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tgv.csv").symlink_to(victim)
+    tgv = ["solve", "tgv", "--order", "2", "--elements", "1"]
+    for argv, want in [
+        (["--checkpoint", str(tmp_path / "ck.npz")], r"--checkpoint: checkpoint '.*ck\.npz' is a symbolic link"),
+        (["--vtu", str(tmp_path / "s.vtu")], r"--vtu: output path '.*s\.vtu' is a symbolic link"),
+        (["--out", str(out)], r"--out: output file '.*tgv\.csv' is a symbolic link"),
+        (["--out", str(tmp_path / "no" / "such")], None),  # made at the end: its parent is writable
+        (["--out", str(victim / "sub")], r"--out: .*victim' exists and is not a folder|--out: .*not a folder"),
+        (["--checkpoint", str(tmp_path)], r"--checkpoint: checkpoint '.*' is a directory"),
+        (["--checkpoint", str(tmp_path / "no" / "ck.npz")], r"--checkpoint: .*does not exist"),
+    ]:
+        if want is None:
+            monkeypatch.setattr("jaxsem.app.tgv.run_tgv", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+            assert cli.main(tgv + argv + ["-q"]) == 130  # validation passed; Ctrl-C at the first step
+            capsys.readouterr()
+            continue
+        err = _refused(tgv + argv, capsys, monkeypatch)
+        assert re.search(want, err), err
+    assert victim.read_text() == "keep" and not (tmp_path / "no").exists()
+
+
+def test_tgv_resume_and_reference_files_are_checked_before_the_run(tmp_path, capsys, monkeypatch):
+    """--resume: a file that is not a checkpoint, or one whose step is negative; $JAXSEM_TGV_REFERENCE:
+    a folder, a missing or a malformed file. Each is refused with exit 2 naming the file, not after the run."""
+    from jaxsem.solvers import timestepping as ts
+
+    junk = tmp_path / "junk.npz"
+    junk.write_text("not a checkpoint")
+    ck = tmp_path / "ck.npz"
+    ts.save_checkpoint(ck, [0.0], 0.0, 0)
+    with np.load(ck) as z:
+        fields = dict(z)
+    np.savez(tmp_path / "neg.npz", **dict(fields, step=np.int64(-4)))
+    tgv = ["solve", "tgv", "--order", "2", "--elements", "1"]
+    err = _refused(tgv + ["--resume", str(junk)], capsys, monkeypatch)
+    assert "--resume" in err and "junk.npz" in err and "not a checkpoint" in err
+    err = _refused(tgv + ["--resume", str(tmp_path / "neg.npz")], capsys, monkeypatch)
+    assert "neg.npz" in err and "step must be an integer >= 0, got -4" in err
+    bad = tmp_path / "bad.gdiag"
+    bad.write_text("0 0.125 0\n")
+    for value, want in [(tmp_path, "Is a directory"), (tmp_path / "none.gdiag", "no TGV reference file"),
+                        (bad, "expected 4 columns")]:
+        monkeypatch.setenv("JAXSEM_TGV_REFERENCE", str(value))
+        err = _refused(tgv, capsys, monkeypatch)
+        assert "JAXSEM_TGV_REFERENCE" in err and str(value) in err and want in err, err
+
+
+def test_help_names_the_default_preconditioner(capsys):
+    assert cli.main(["solve", "--help"]) == 0
+    assert "p-multigrid by default" in capsys.readouterr().out
+    assert cli.main(["solve", "poisson", "--help"]) == 0
+    assert "(pmg, default)" in " ".join(capsys.readouterr().out.split())
+    assert cli.main(["bench", "--help"]) == 0
+    assert "Jacobi-preconditioned PCG iterations" in " ".join(capsys.readouterr().out.split())

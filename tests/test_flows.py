@@ -129,8 +129,29 @@ def reference():
     return ref
 
 
+def test_packaged_tgv_table_is_the_dns_at_its_times(monkeypatch):
+    """The table shipped in the package (a fresh clone's reference): the DNS rows every 0.1 plus the
+    dissipation peak and the last row, values as in the file; equal to the full file where present."""
+    monkeypatch.delenv(flows.TGV_REFERENCE_ENV, raising=False)
+    monkeypatch.setattr(flows, "_SHARED_PATH", flows._PACKAGED_PATH.parent / "absent.gdiag")
+    ref = flows.tgv_reference()
+    assert ref is not None and ref.path == flows._PACKAGED_PATH and ref.time.shape == (202,)
+    assert ref.peak_dissipation() == (8.97, 0.012857528187)
+    for t, E in {5: 0.118435751357, 9: 0.086403858222, 10: 0.0744791681585, 19.99: 0.0215673592481}.items():
+        assert float(ref.at(t).kinetic_energy) == E, t
+    assert float(ref.at(9.0).dissipation) == 0.012854539499
+    full = flows.tgv_reference(flows._SHARED_PATH) if flows._SHARED_PATH.is_file() else None
+    if full is not None:
+        i = np.searchsorted(full.time, ref.time)
+        for a, b in ((full.kinetic_energy, ref.kinetic_energy), (full.dissipation, ref.dissipation),
+                     (full.enstrophy, ref.enstrophy), (full.time, ref.time)):
+            np.testing.assert_array_equal(a[i], b)
+
+
 def test_tgv_reference_key_values(reference):
     ref = reference
+    if ref.path != flows._SHARED_PATH:
+        pytest.skip("the full 2000-row DNS file is not here (../shared/data/tgv); the packaged table is tested above")
     assert ref.time.shape == ref.kinetic_energy.shape == ref.dissipation.shape == ref.enstrophy.shape == (2000,)
     assert ref.time[0] == 0.0 and ref.time[-1] == 19.99
     np.testing.assert_allclose(np.diff(ref.time), 0.01, atol=1e-12)
@@ -152,6 +173,8 @@ def test_tgv_reference_key_values(reference):
 
 
 def test_tgv_reference_interpolation(reference):
+    if reference.path != flows._SHARED_PATH:
+        pytest.skip("needs the full 2000-row DNS file (../shared/data/tgv)")
     s = reference.at(np.array([[0.005, 9.995]]))
     assert s.kinetic_energy.shape == (1, 2)
     np.testing.assert_allclose(s.kinetic_energy[0, 0], 0.5 * (reference.kinetic_energy[0] + reference.kinetic_energy[1]),
@@ -177,6 +200,8 @@ def test_tgv_reference_search_order(tmp_path, monkeypatch):
         flows.tgv_reference()
     monkeypatch.delenv(flows.TGV_REFERENCE_ENV)
     monkeypatch.setattr(flows, "_SHARED_PATH", tmp_path / "absent.gdiag")
+    assert flows.tgv_reference().path == flows._PACKAGED_PATH
+    monkeypatch.setattr(flows, "_PACKAGED_PATH", tmp_path / "absent.txt")
     assert flows.tgv_reference() is None
     with pytest.raises(FileNotFoundError, match="^path: .*absent.gdiag"):
         flows.tgv_reference(tmp_path / "absent.gdiag")

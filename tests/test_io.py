@@ -109,3 +109,66 @@ def test_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         io.write_vtu(path, mesh, u=np.zeros((1, 3, 3, 3)))
     assert os.listdir(tmp_path) == ["f.vtu"]
     assert path.read_bytes() == before
+
+
+def test_symlink_destinations_are_refused(tmp_path):
+    """A symlink where the output goes (dangling, to a file, to a folder) is refused by name, up front
+    and at the write, and nothing is written through it."""
+    mesh = box_mesh((1, 1, 1), 2)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for target in (victim, tmp_path / "nowhere", tmp_path):
+        link = tmp_path / "u.vtu"
+        link.symlink_to(target)
+        with pytest.raises(ValueError, match=r"output path '.*u\.vtu' is a symbolic link"):
+            io.check_writable(link)
+        with pytest.raises(ValueError, match="is a symbolic link"):
+            io.write_vtu(link, mesh, u=np.zeros((1, 3, 3, 3)))
+        assert link.is_symlink() and os.readlink(link) == str(target)
+        link.unlink()
+    assert victim.read_text() == "keep"
+    assert sorted(os.listdir(tmp_path)) == ["victim.txt"]  # no temporary file left
+
+
+def test_atomic_output_removes_its_file_on_failure_and_keeps_the_mode(tmp_path):
+    """An error inside the block: the old file stays, no temporary file; a new file gets the umask's mode."""
+    path = tmp_path / "a.bin"
+    with io.atomic_output(path) as fh:
+        fh.write(b"old")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    for exc in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with io.atomic_output(path) as fh:
+                fh.write(b"half")
+                raise exc
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_distributed_parts_get_a_pvtu_index(tmp_path):
+    """Each rank of an MPI run writes PATH.rank<r>.vtu; rank 0 also writes PATH.pvtu naming every part
+    and the point fields with their components, which the parts hold."""
+    import types
+    import xml.etree.ElementTree as ET
+
+    from jaxsem.parallel.comm import Comm
+
+    mesh = box_mesh((2, 1, 1), 2)
+    base = str(tmp_path / "u.vtu")
+    for rank in range(3):
+        comm = Comm(rank=rank, size=3)
+        part = types.SimpleNamespace(x=mesh.x, comm=comm)
+        io.write_vtu(io.rank_path(base, comm), part, u=mesh.x[0], V=mesh.x)
+    assert sorted(os.listdir(tmp_path)) == ["u.pvtu", "u.rank0.vtu", "u.rank1.vtu", "u.rank2.vtu"]
+    root = ET.parse(tmp_path / "u.pvtu").getroot()
+    assert root.get("type") == "PUnstructuredGrid"
+    grid = root.find("PUnstructuredGrid")
+    assert [p.get("Source") for p in grid.findall("Piece")] == ["u.rank0.vtu", "u.rank1.vtu", "u.rank2.vtu"]
+    fields = {a.get("Name"): int(a.get("NumberOfComponents")) for a in grid.find("PPointData")}
+    assert fields == {"u": 1, "V": 3}
+    back = meshio.read(tmp_path / "u.rank1.vtu")
+    assert back.point_data["u"].size == mesh.x[0].size and back.point_data["V"].shape[1] == 3
+    # one process: no index
+    io.write_vtu(tmp_path / "one.vtu", types.SimpleNamespace(x=mesh.x, comm=Comm()), u=mesh.x[0])
+    assert not (tmp_path / "one.pvtu").exists()

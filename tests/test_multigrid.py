@@ -129,11 +129,30 @@ def test_setup_rejects_a_schedule_not_below_the_fine_order():
         setup(sem, mesh, orders=(5, 2))
     with pytest.raises(TypeError, match="mesh"):
         mg.setup(sem, sem, poisson.operator, poisson.jacobi)
-    # strongly curved elements fold when their geometry is interpolated to order 1
+    # strongly curved elements fold when their geometry is interpolated to order 1: a schedule
+    # asked for is refused, the default one ends at the lowest order that does not fold
     mesh = js.box_mesh(2, 4, deform=0.22)
     sem = poisson.bp_discretize(mesh, 5)
     with pytest.raises(ValueError, match="order 1 .* folds"):
-        setup(sem, mesh)
+        setup(sem, mesh, orders=(4, 2, 1))
+    with pytest.warns(mg.PMGScheduleWarning, match=r"folds at order 1; levels \(4, 2\)"):
+        pm = setup(sem, mesh)
+    assert [lv.sem.order for lv in pm.levels] == [4, 2]
+
+
+def test_default_schedule_works_on_every_deformation_the_cli_accepts():
+    """|deform| < 0.27 (the CLI's range) at the default order 6: the schedule ends where the geometry
+    folds (order 2 at 0.25), and the solve converges to the same solution as Jacobi-PCG."""
+    mesh = js.box_mesh(3, 6, deform=0.26)
+    sem = poisson.bp_discretize(mesh, 5)
+    with pytest.warns(mg.PMGScheduleWarning, match="folds at order 2"):
+        pm = poisson.pmg(sem, mesh)
+    assert [lv.sem.order for lv in pm.levels] == [6, 3]
+    ms = poisson.manufactured(5)
+    u, info = poisson.solve(sem, ms.f, tol=1e-10, precond=pm)
+    u_j, info_j = poisson.solve(sem, ms.f, tol=1e-10)
+    assert bool(info.converged) and bool(info_j.converged) and int(info.iterations) < int(info_j.iterations)
+    assert float(jnp.max(jnp.abs(u - u_j))) < 1e-8 * float(jnp.max(jnp.abs(u_j)))
 
 
 @functools.lru_cache(maxsize=None)

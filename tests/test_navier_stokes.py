@@ -19,6 +19,7 @@ import jaxsem as js
 from jaxsem.models import flows, poisson
 from jaxsem.models import navier_stokes as NS
 from jaxsem.solvers import timestepping as ts
+from jaxsem.solvers.stops import SolveFailedError, UnstableRunError
 
 import subproc
 
@@ -157,12 +158,66 @@ def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(s_b.kinetic_energy, s.kinetic_energy)
 
 
-def test_blow_up_names_the_step():
+def test_unstable_runs_are_refused_or_stopped_before_overflow():
+    """A start far above the stable step is refused with a Δt that is not; a start at CFL 2.5 or 3.5
+    (below max_cfl = 4, past the convection's stability) warns, grows, and stops naming the step,
+    the time and the quantity while the numbers are still finite (never overflow or NaN)."""
     ns = tgv(K=2, p=3, nu=1e-4, dt=2.0)
     st0 = NS.initial_state(ns, flows.taylor_green(V0=50.0).velocity)
-    with pytest.raises(ts.NonFiniteError, match=r"at step \d+") as e:
+    with pytest.raises(ValueError, match=r"gives CFL 1\d\d\.\d at the start, above NSOptions.max_cfl = 4; "
+                                         r"use dt <= 0\.0\d+ \(CFL 0.5\)"):
         NS.run(ns, st0, 40.0, sample_interval=10.0)
-    assert 1 <= e.value.step <= 20
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    c = float(NS.diagnostics(ns, st0).cfl) / float(ns.dt)
+    for target in (2.5, 3.5):
+        dt = target / c
+        n = dataclasses.replace(ns, dt=jnp.asarray(dt))
+        with pytest.warns(NS.StabilityWarning, match=f"CFL {target:g} at the start"), \
+                pytest.raises(UnstableRunError, match=r"CFL = \d\.\d+ exceeds 4 at step \d+ \(t = ") as e:
+            NS.run(n, st0, 50 * dt, sample_interval=dt)
+        assert e.value.status == "unstable" and e.value.quantity == "CFL" and 4 < e.value.value < 100
+        assert 1 <= e.value.step <= 10 and math.isclose(e.value.t, e.value.step * dt, rel_tol=1e-9)
+
+
+def test_energy_growth_without_boundary_data_stops_the_run():
+    """No energy enters a periodic flow: E_k above ten times the start's stops the run (a tight
+    max_cfl is lifted so that the energy test is the one that fires)."""
+    ns = tgv(K=2, p=3, nu=1e-4, dt=1.0, options=NS.NSOptions(max_cfl=1e6))
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    c = float(NS.diagnostics(ns, st0).cfl)
+    n = dataclasses.replace(ns, dt=jnp.asarray(3.5 / c))
+    with pytest.warns(NS.StabilityWarning), pytest.raises(UnstableRunError, match="kinetic energy") as e:
+        NS.run(n, st0, 50 * 3.5 / c, sample_interval=3.5 / c)
+    e0 = float(NS.diagnostics(ns, st0).kinetic_energy)
+    assert 10 * e0 < e.value.value < 1e10 and e.value.limit == pytest.approx(10 * e0, rel=1e-12)
+
+
+def test_a_failed_solve_is_named_with_its_step():
+    """A pressure solve capped at one iteration misses its tolerance on the first step: the run
+    stops there, naming the solve, its residual and the step (before, a failure that was not the
+    sample's last step passed, and one that was blamed NaN)."""
+    ns = tgv(K=2, p=3, options=NS.NSOptions(pressure_maxiter=1))
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    with pytest.raises(SolveFailedError, match=r"pressure solve missed its tolerance at step 1 \(t = 0.02\)") as e:
+        NS.run(ns, st0, 0.1, sample_interval=0.1)
+    assert e.value.status == "solve_failed" and e.value.failures >= 1 and e.value.residual > 1e-8
+
+
+def test_series_tallies_every_step_and_simulate_reports_its_solves():
+    """The series keeps the most iterations and the worst residual of every step of a sample (not only
+    its last); simulate(info=True) gives each step's StepInfo; step runs outside jit."""
+    ns = tgv(K=2, p=3)
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    st, infos = NS.simulate(ns, st0, 5, info=True)
+    assert infos.pressure.iterations.shape == (5,) and bool(jnp.all(infos.pressure.converged))
+    _, s, _ = NS.run(ns, st0, 0.1, sample_interval=0.1)
+    assert s.pressure_iterations[1] == float(jnp.max(infos.pressure.iterations))
+    assert s.velocity_iterations[1] == float(jnp.max(infos.velocity.iterations))
+    assert s.pressure_residual[1] == pytest.approx(float(jnp.max(infos.pressure.true_relative_residual)), rel=1e-6)
+    assert s.failed_solves[1] == 0 and np.isnan(s.failed_solves[0])
+    st1, info1 = NS.step(ns, st0)  # eagerly
+    assert bool(info1.pressure.converged)
+    np.testing.assert_allclose(st1.u, jax.jit(NS.step)(ns, st0)[0].u, atol=1e-13)
 
 
 def test_bad_input_is_named():

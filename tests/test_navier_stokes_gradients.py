@@ -26,7 +26,6 @@ the constants (relative errors 1e-5 to 1.4 on these meshes).
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

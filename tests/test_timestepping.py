@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -198,7 +199,7 @@ def test_checkpoint_restart_is_bit_identical(tmp_path):
     y_full, _ = ts.run(f_lin, Y0, 0.01, 300, options=opts)
     # An interrupted run: 120 steps with checkpoints, then resume to 300.
     ts.run(f_lin, Y0, 0.01, 120, options=dataclasses.replace(opts, checkpoint_path=path))
-    assert path.exists() and not os.path.exists(str(path) + ".tmp")
+    assert os.listdir(tmp_path) == ["ck.npz"]  # no temporary file left
     y_ck, t, step, meta = ts.load_checkpoint(path, Y0)
     assert step == 120 and t == pytest.approx(1.2) and str(meta["method"]) == "lserk4"
     assert str(meta["problem"]) == "damped rotation" and int(meta["order"]) == 2
@@ -232,7 +233,7 @@ def test_run_options_are_checked_and_hashable():
         with pytest.raises(ValueError, match=msg):
             ts.RunOptions(**kw)
     for kw, msg in [
-        (dict(progress="yes"), r"RunOptions\.progress must be True or False, got 'yes'"),
+        (dict(progress="yes"), r"RunOptions\.progress must be True, False or 'auto', got 'yes'"),
         (dict(checkpoint_path=3), r"RunOptions\.checkpoint_path must be None or a path"),
         (dict(meta={"mesh": [1, 2]}), r"RunOptions\.meta\['mesh'\] must be a str, int, float or bool"),
     ]:
@@ -254,3 +255,89 @@ def test_spectral_radius_of_a_known_operator():
     lam = jnp.array([3.0, -7.0, 2.0, 0.5])
     rho = ts.spectral_radius(lambda v, a: a * v, jnp.zeros(4), lam, iterations=200)
     assert rho == pytest.approx(7.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_signal_ends_the_run_after_the_chunk_and_its_checkpoint(tmp_path, sig):
+    """SIGINT/SIGTERM during a chunk: the chunk and its checkpoint complete, then RunInterrupted names
+    the step, time and file; the previous handler is back; the checkpoint resumes to the full run's bits."""
+    path = tmp_path / "ck.npz"
+    dt, chunk = 0.01, 40
+    adv = ts.advance_fn(f_lin, "lserk4", with_args=False)
+    t0_, dt_ = jnp.asarray(0.0), jnp.asarray(dt)
+
+    def advance(y, args, m0, count):
+        if int(m0) == chunk:  # arrives while the second chunk runs
+            signal.raise_signal(sig)
+        return adv(y, args, t0_, dt_, m0, count)
+
+    before = signal.getsignal(sig)
+    opts = ts.RunOptions(chunk_steps=chunk, checkpoint_path=path)
+    with pytest.raises(ts.RunInterrupted, match=rf"interrupted by {sig.name} at step 80 \(t = 0\.8\); "
+                                                r"checkpoint .*ck\.npz holds this state") as exc:
+        ts.drive(advance, Y0, 300, dt=dt, t0=0.0, label="lserk4", options=opts)
+    assert (exc.value.step, exc.value.t, exc.value.signal, exc.value.checkpoint) == (80, pytest.approx(0.8), sig,
+                                                                                     str(path))
+    assert signal.getsignal(sig) is before
+    assert ts.load_checkpoint(path, Y0)[2] == 80 and os.listdir(tmp_path) == ["ck.npz"]
+    y_full, _ = ts.run(f_lin, Y0, dt, 300, options=ts.RunOptions(chunk_steps=chunk))
+    y_res, info = ts.run(f_lin, Y0, dt, 300, options=ts.RunOptions(chunk_steps=chunk, resume=path))
+    assert info.resumed_from == 80 and np.array_equal(np.asarray(y_res), np.asarray(y_full))
+    # without a checkpoint file the message says so
+    with pytest.raises(ts.RunInterrupted, match="no checkpoint was written"):
+        ts.drive(advance, Y0, 300, dt=dt, t0=0.0, label="lserk4", options=ts.RunOptions(chunk_steps=chunk))
+
+
+def _forge(tmp_path, good, name, **changes):
+    """A copy of the checkpoint ``good`` with fields replaced (``None``: removed)."""
+    with np.load(good) as z:
+        d = dict(z)
+    d.update(changes)
+    path = tmp_path / name
+    np.savez(path, **{k: v for k, v in d.items() if v is not None})
+    return path
+
+
+def test_load_checkpoint_checks_every_field_and_names_the_file(tmp_path):
+    good = tmp_path / "good.npz"
+    ts.save_checkpoint(good, Y0, 0.5, 50, dt=0.01, t0=0.0, method="lserk4")
+    y, t, step, meta = ts.load_checkpoint(good, Y0, max_step=100)
+    assert (t, step, str(meta["method"])) == (0.5, 50, "lserk4")
+    cases = [
+        (dict(step=np.int64(-3)), r"step must be an integer in 0\.\.100 \(this run has 100 steps\), got -3"),
+        (dict(step=np.int64(101)), r"step must be an integer in 0\.\.100 .*got 101"),
+        (dict(step=np.float64(50.0)), r"step must be an integer, got an array of shape \(\) and dtype float64"),
+        (dict(step=np.arange(2)), r"step must be an integer, got an array of shape \(2,\)"),
+        (dict(step=None), r"lacks step"),
+        (dict(t=np.float64(np.nan)), r"t must be a finite number, got nan"),
+        (dict(t=np.float64(-np.inf)), r"t must be a finite number, got -inf"),
+        (dict(num_leaves=np.int64(2)), r"num_leaves = 2 must be >= 0 and name its arrays leaf_0 \.\. leaf_1"),
+        (dict(num_leaves=np.int64(-1)), r"num_leaves = -1"),
+        (dict(leaf_0=np.zeros(3)), r"array 0 has shape \(3,\) and dtype float64, this run's has shape \(2,\)"),
+        (dict(leaf_0=np.zeros(2, np.float32)), r"dtype float32, this run's has shape \(2,\) and dtype float64"),
+        (dict(meta_dt=np.zeros(3)), r"meta_dt must be a str, number or bool"),
+        (dict(meta_obj=np.array([{}], dtype=object)), r"cannot read 'meta_obj'"),
+    ]
+    for i, (changes, msg) in enumerate(cases):
+        path = _forge(tmp_path, good, f"bad{i}.npz", **changes)
+        with pytest.raises(ValueError, match=msg) as exc:
+            ts.load_checkpoint(path, Y0, max_step=100)
+        assert f"checkpoint {str(path)!r}" in str(exc.value), exc.value
+    with pytest.raises(ValueError, match=r"step must be an integer >= 0, got -3"):  # no run length to bound it
+        ts.checkpoint_meta(_forge(tmp_path, good, "neg.npz", step=np.int64(-3)))
+    (tmp_path / "text.npz").write_text("not a zip")
+    (tmp_path / "half.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    np.save(tmp_path / "one.npy", np.zeros(2))
+    for name, msg in [("text.npz", "is not a checkpoint written by save_checkpoint"),
+                      ("half.npz", "is not a checkpoint written by save_checkpoint|cannot read"),
+                      ("one.npy", "is a single .npy array")]:
+        with pytest.raises(ValueError, match=msg) as exc:
+            ts.load_checkpoint(tmp_path / name, Y0)
+        assert name in str(exc.value)
+    with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nothing\.npz': no such file"):
+        ts.checkpoint_meta(tmp_path / "nothing.npz")
+    with pytest.raises(ValueError, match=r"save_checkpoint\('.*x\.npz'\): step must be an integer >= 0, got -1"):
+        ts.save_checkpoint(tmp_path / "x.npz", Y0, 0.0, -1)
+    # a run that resumes past its own end is refused with the file named, before any step
+    with pytest.raises(ValueError, match=r"good\.npz'.*0\.\.20 \(this run has 20 steps\), got 50"):
+        ts.run(f_lin, Y0, 0.01, 20, options=ts.RunOptions(resume=good, meta={}))

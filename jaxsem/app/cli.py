@@ -21,7 +21,7 @@ import math
 import os
 import platform as _platform
 import sys
-import time
+import warnings
 
 from ..backends import BACKENDS
 from ..core.basis import MAX_ORDER
@@ -82,7 +82,7 @@ def build_parser() -> _Parser:
                        description="Solve a problem with a known exact solution and report the error. "
                        "'jaxsem solve PROBLEM --help' lists that problem's options.")
     probs = s.add_subparsers(dest="problem", metavar="problem")
-    helps = dict(poisson="Helmholtz/Poisson, the bake-off problems BP1..BP6 (Jacobi-PCG)",
+    helps = dict(poisson="Helmholtz/Poisson, the bake-off problems BP1..BP6 (PCG; p-multigrid by default)",
                  maxwell="Maxwell (SEDG): exact PEC cavity mode or periodic plane wave",
                  advection="linear advection (DG): a Gaussian around the periodic unit box")
     for name in PROBLEMS:
@@ -164,7 +164,7 @@ def build_parser() -> _Parser:
                    help="bake-off kernel bk1..bk6 or problem bp1..bp6")
     mesh_args(b, BENCH_DEFAULTS["order"], BENCH_DEFAULTS["elements"])
     b.add_argument("--iterations", type=int, default=None,
-                   help="PCG iterations per timed solve, bp only (default 100)")
+                   help="Jacobi-preconditioned PCG iterations per timed solve, bp only (default 100)")
     b.add_argument("--repeats", type=int, default=None,
                    help="timed runs; the median is reported (default 10 for bk, 5 for bp)")
     b.add_argument("--tol", type=float, default=None,
@@ -240,6 +240,42 @@ def _validate_memory(args, fail) -> None:
              f"memory to build, this machine has {gb(host)}")
 
 
+def _validate_out_folder(folder: str, names, fail) -> None:
+    """``--out``: the files ``names`` in ``folder`` writable (no directory or symlink in their place), or,
+    for a folder still to be made, its nearest existing parent a folder this process can create entries in."""
+    from ..io import check_writable
+
+    try:
+        if os.path.isdir(folder):
+            for name in names:
+                check_writable(os.path.join(folder, name), "output file")
+            return
+        missing = os.path.abspath(folder)
+        while not os.path.lexists(os.path.dirname(missing)) and os.path.dirname(missing) != missing:
+            missing = os.path.dirname(missing)
+        check_writable(missing, "output folder")
+    except ValueError as e:
+        fail(f"argument --out: {e}")
+
+
+def _validate_resume(args, fail) -> None:
+    """``--resume``: this process's checkpoint file (``PATH.rank<r>-of-<P>`` under mpirun with the mpi
+    transport) exists and holds a checkpoint (its container and metadata; shapes are checked at set-up)."""
+    from ..parallel.comm import Comm, launcher_rank, launcher_size
+    from ..solvers.timestepping import checkpoint_meta
+
+    size = launcher_size() or 1
+    own = args.resume
+    if size > 1 and args.transport != "shard":
+        own += Comm(rank=launcher_rank() or 0, size=size).file_suffix
+    if not os.path.isfile(own):
+        fail(f"argument --resume: no such file: {own}")
+    try:
+        checkpoint_meta(own)
+    except (OSError, ValueError) as e:
+        fail(f"argument --resume: {e}")
+
+
 def _validate(parser: _Parser, args) -> None:
     """Range checks argparse cannot do; one-line error and exit 2 on failure."""
     fail = parser.commands[f"solve {args.problem}" if args.command == "solve" else args.command].error
@@ -269,6 +305,11 @@ def _validate(parser: _Parser, args) -> None:
                     fail(f"argument --{name.replace('_', '-')}: must be a finite number > 0, got {v}")
             if args.dt is not None and not (math.isfinite(args.dt) and 0 < args.dt <= args.sample):
                 fail(f"argument --dt: must satisfy 0 < dt <= --sample ({args.sample}), got {args.dt}")
+            for name in ("sample", "t_final") if args.dt is not None else ():
+                span = getattr(args, name)  # the step count must be whole, as navier_stokes.run demands
+                if not math.isclose(round(span / args.dt) * args.dt, span, rel_tol=1e-9, abs_tol=1e-12):
+                    fail(f"argument --dt: must divide --{name.replace('_', '-')} ({span:g}) into whole steps, "
+                         f"got dt = {args.dt:g} ({span / args.dt:.6g} steps)")
             if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1, got {args.cfl}")
             if args.order < 2:
@@ -278,6 +319,7 @@ def _validate(parser: _Parser, args) -> None:
                     fail("argument --out: the plot needs matplotlib (pip install matplotlib)")
                 if os.path.exists(args.out) and not os.path.isdir(args.out):
                     fail(f"argument --out: {args.out!r} exists and is not a folder")
+                _validate_out_folder(args.out, ("tgv.csv", "tgv.png"), fail)
             if args.vtu and not importlib.util.find_spec("meshio"):
                 fail("argument --vtu: writing VTU needs meshio (pip install meshio)")
             for name in ("vtu", "checkpoint"):
@@ -285,7 +327,7 @@ def _validate(parser: _Parser, args) -> None:
                     from ..io import check_writable
 
                     try:
-                        check_writable(getattr(args, name))
+                        check_writable(getattr(args, name), "output path" if name == "vtu" else "checkpoint")
                     except ValueError as e:
                         fail(f"argument --{name}: {e}")
             if args.vtu_every is not None:
@@ -297,8 +339,14 @@ def _validate(parser: _Parser, args) -> None:
                 if not (math.isfinite(n) and n >= 1 - 1e-9 and abs(n - round(n)) < 1e-9):
                     fail(f"argument --vtu-every: must be a whole multiple of --sample ({args.sample}), "
                          f"got {args.vtu_every}")
-            if args.resume and not os.path.isfile(args.resume):
-                fail(f"argument --resume: no such file: {args.resume}")
+            if args.resume:
+                _validate_resume(args, fail)
+            from ..models.flows import tgv_reference
+
+            try:  # the comparison reads it at the end of the run: a bad file must fail now
+                tgv_reference()
+            except (OSError, ValueError) as e:
+                fail(str(e))
             return
         if args.vtu:
             from ..io import check_writable
@@ -621,9 +669,136 @@ def _report_info(r: dict) -> str:
 
 # ----------------------------------------------------------------------------- main
 
+class _Terminated(BaseException):
+    """SIGTERM outside the time-step loop (set-up, compilation, output): ends the command as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def _terminate_raises():
+    """SIGTERM raises :class:`_Terminated` while the command runs (the time-step loop catches
+    SIGINT and SIGTERM itself and stops between chunks); the previous handler comes back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _interrupted(args, e: BaseException) -> tuple[dict, str, int]:
+    """``(record, one-line message, exit code 128 + signal)`` of a command ended by SIGINT or SIGTERM."""
+    import signal
+
+    from ..solvers.timestepping import RunInterrupted
+
+    checkpoint = getattr(args, "checkpoint", None)  # the path --resume takes (per-rank files under MPI)
+    if isinstance(e, RunInterrupted):
+        signum, step, t, text = e.signal, e.step, e.t, str(e)
+        checkpoint = checkpoint if e.checkpoint is not None else None
+    else:
+        signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+        step = t = None
+        text = (f"interrupted by {signal.Signals(signum).name} outside the time steps (set-up, compilation "
+                "or output)")
+    resume = f"; continue with --resume {checkpoint}" if checkpoint and step is not None else ""
+    problem = getattr(args, "problem", None) if args.command in ("solve", "bench") else args.command
+    record = dict(problem=problem, status="interrupted", converged=False, signal=signal.Signals(signum).name,
+                  step=step, t=t, checkpoint=checkpoint, message=text + resume)
+    return record, text + resume, 128 + int(signum)
+
+
+def _dispatch(args, log, quiet: bool):
+    """Run the command: ``(result, report text, exit code)``."""
+    import jax
+
+    if args.command == "info":
+        result = _info()
+        text = _report_info(result)
+        code = 0
+    elif args.command == "solve":
+        from . import verify
+
+        place = _placement(args)
+        first = jax.process_index() == 0 and ("comm" not in place or place["comm"].rank == 0)
+        if args.problem == "tgv":
+            from .tgv import run_tgv
+
+            result = run_tgv(args.order, args.elements, args.t_final, dt=args.dt, reynolds=args.reynolds,
+                             sample=args.sample, cfl=args.cfl, out=args.out, vtu=args.vtu, backend=args.backend,
+                             place=place, checkpoint=args.checkpoint, resume=args.resume,
+                             vtu_every=args.vtu_every, progress=log,
+                             progress_bar=not quiet and first)
+            report = _report_tgv
+        elif args.problem == "maxwell":
+            result = verify.verify_maxwell(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
+                                           deform=args.deform, cfl=args.cfl, method=args.method,
+                                           dtype=args.dtype, vtu=args.vtu, progress=log,
+                                           progress_bar=not quiet and first, place=place)
+            report = _report_maxwell
+        elif args.problem == "advection":
+            result = verify.verify_advection(args.order, args.elements, args.t_final,
+                                             velocity=tuple(args.velocity), flux=args.flux, deform=args.deform,
+                                             cfl=args.cfl, method=args.method, dtype=args.dtype, vtu=args.vtu,
+                                             schedule=args.schedule, progress=log,
+                                             progress_bar=not quiet and first, place=place)
+            report = _report_advection
+        else:
+            result = verify.solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
+                                          args.maxiter, args.dtype, progress=log, backend=args.backend, vtu=args.vtu,
+                                          precond=args.precond,
+                                          place=place)
+            report = _report_solve
+        result.update(_env())
+        text = report(result)
+        code = 0 if result["converged"] else 1
+    else:
+        from .bench import bench, measure_bandwidth
+
+        bw = args.bandwidth
+        if bw == "measure":
+            log("measuring memory bandwidth...")
+            bw = measure_bandwidth()
+        kw = {} if args.repeats is None else dict(repeats=args.repeats)
+        if args.problem.startswith("bp"):
+            kw["tol"] = args.tol
+        result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
+                       dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, backend=args.backend, **kw)
+        result.update(_env())
+        text = _report_bench(result)
+        code = 0
+    return result, text, code
+
+
+def _compilation_cache(jax) -> None:
+    """JAX's persistent compilation cache in ``<kernel cache>/xla`` (``~/.cache/jaxsem/xla``), so a
+    second run of the same problem loads its programs instead of compiling them again.
+    ``JAXSEM_COMPILATION_CACHE=0`` turns it off; a ``JAX_COMPILATION_CACHE_DIR`` already set is kept."""
+    if os.environ.get("JAXSEM_COMPILATION_CACHE", "1") == "0" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    try:
+        from ..backends.cache import cache_dir, trusted_dir
+
+        folder = trusted_dir(cache_dir()) / "xla"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except (OSError, ValueError) as e:  # an unusable cache costs compile time, never the run
+        print(f"jaxsem: note: no persistent compilation cache ({e})", file=sys.stderr)
+        return
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+
+
 def main(argv=None) -> int:
     """Entry point of the ``jaxsem`` console script; returns the exit code."""
     parser = build_parser()
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["solve"] and (len(argv) == 1 or (argv[1].startswith("-") and argv[1] not in ("-h", "--help"))):
         argv.insert(1, "poisson")  # 'jaxsem solve [options]' solves the Poisson problem
@@ -645,71 +820,42 @@ def main(argv=None) -> int:
 
     from ..parallel.comm import launcher_rank
 
+    _compilation_cache(jax)
+    # a warning (a shortened p-multigrid schedule, a large start CFL) is one line for the user
+    warnings.formatwarning = lambda message, category, *_, **__: f"jaxsem: {category.__name__}: {message}\n"
+
     quiet = getattr(args, "quiet", False) or args.command == "info" or launcher_rank() not in (None, 0)
     log = (lambda m: None) if quiet else (lambda m: print(f"jaxsem: {m}", file=sys.stderr, flush=True))
 
-    with _stdout_to_stderr() as out:
-        if args.command == "info":
-            result = _info()
-            text = _report_info(result)
-            code = 0
-        elif args.command == "solve":
-            from . import verify
+    from ..solvers.timestepping import RunInterrupted
 
-            place = _placement(args)
-            first = jax.process_index() == 0 and ("comm" not in place or place["comm"].rank == 0)
-            if args.problem == "tgv":
-                from .tgv import run_tgv
-
-                result = run_tgv(args.order, args.elements, args.t_final, dt=args.dt, reynolds=args.reynolds,
-                                 sample=args.sample, cfl=args.cfl, out=args.out, vtu=args.vtu, backend=args.backend,
-                                 place=place, checkpoint=args.checkpoint, resume=args.resume,
-                                 vtu_every=args.vtu_every, progress=log,
-                                 progress_bar=not quiet and first)
-                report = _report_tgv
-            elif args.problem == "maxwell":
-                result = verify.verify_maxwell(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
-                                               deform=args.deform, cfl=args.cfl, method=args.method,
-                                               dtype=args.dtype, vtu=args.vtu, progress=log,
-                                               progress_bar=not quiet and first, place=place)
-                report = _report_maxwell
-            elif args.problem == "advection":
-                result = verify.verify_advection(args.order, args.elements, args.t_final,
-                                                 velocity=tuple(args.velocity), flux=args.flux, deform=args.deform,
-                                                 cfl=args.cfl, method=args.method, dtype=args.dtype, vtu=args.vtu,
-                                                 schedule=args.schedule, progress=log,
-                                                 progress_bar=not quiet and first, place=place)
-                report = _report_advection
-            else:
-                result = verify.solve_poisson(args.bp, args.order, args.elements, args.deform, args.tol,
-                                              args.maxiter, args.dtype, progress=log, backend=args.backend, vtu=args.vtu,
-                                              precond=args.precond,
-                                              place=place)
-                report = _report_solve
-            result.update(_env())
-            text = report(result)
-            code = 0 if result["converged"] else 1
-        else:
-            from .bench import bench, measure_bandwidth
-
-            bw = args.bandwidth
-            if bw == "measure":
-                log("measuring memory bandwidth...")
-                bw = measure_bandwidth()
-            kw = {} if args.repeats is None else dict(repeats=args.repeats)
-            if args.problem.startswith("bp"):
-                kw["tol"] = args.tol
-            result = bench(args.problem, args.order, args.elements, iterations=args.iterations,
-                           dtype=args.dtype, deform=args.deform, bandwidth=bw, progress=log, backend=args.backend, **kw)
-            result.update(_env())
-            text = _report_bench(result)
-            code = 0
-    if args.command == "info" or _reporter():
+    interrupted = refused = False
+    with _stdout_to_stderr() as out, _terminate_raises():
+        try:
+            result, text, code = _dispatch(args, log, quiet)
+        except ValueError as e:  # refused after set-up (e.g. a time step past the stable one): named, no traceback
+            result = dict(problem=args.command if args.command != "solve" else args.problem, status="refused",
+                          converged=False, message=str(e))
+            text, code = f"error: {e}", 2
+            if _reporter():
+                print(f"jaxsem: error: {e}", file=sys.stderr, flush=True)
+            refused = True
+        except (RunInterrupted, KeyboardInterrupt, _Terminated) as e:
+            result, text, code = _interrupted(args, e)
+            interrupted = True
+            if _reporter():
+                print(f"jaxsem: {text}", file=sys.stderr, flush=True)
+    if (args.command == "info" or _reporter()) and (args.json or not (interrupted or refused)):
         if args.json:
             out.write(json.dumps(_clean(result), allow_nan=False) + "\n")
         else:
             out.write(text + "\n")
         out.flush()
+    if interrupted and argv_given is None:
+        # Stopped inside set-up or compilation, XLA's threads may still run, and the
+        # interpreter's shutdown then crashes (SIGSEGV): the program ends here, with its code.
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

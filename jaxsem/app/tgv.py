@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 import os
 import time
@@ -17,10 +18,12 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from ..io import atomic_output
 from ..mesh.box import box_mesh
 from ..models import flows
 from ..models import navier_stokes as NS
 from ..solvers import timestepping as ts
+from ..solvers.stops import RunStopped
 from .verify import _where, _write_vtu
 
 __all__ = ["run_tgv", "default_dt", "plot"]
@@ -40,12 +43,15 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             progress_bar: bool = False) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
-    ``out``: a directory for ``tgv.csv``, ``tgv.json`` and ``tgv.png`` (None: none written);
+    ``out``: a directory for ``tgv.csv`` and ``tgv.png`` (None: none written; each file written
+    atomically, a symlink in its place refused);
     ``dt``: None picks the largest step with initial CFL ≤ ``cfl`` that divides ``sample``;
     ``vtu``: the snapshot at ``t_final``, and with ``vtu_every`` (a multiple of ``sample``) one
     at every multiple of it too, ``<vtu stem>_t<time>.vtu`` (not with checkpoints: the run is
-    then split into one :func:`navier_stokes.run` call per snapshot).
+    then split into one :func:`navier_stokes.run` call per snapshot). The DNS reference file
+    (:func:`flows.tgv_reference`) is read first: a bad one fails before the run, not after it.
     """
+    flows.tgv_reference()
     place = place or {}
     tic = time.perf_counter()
     mesh = box_mesh(tuple(elements), order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
@@ -83,10 +89,11 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             steps, seconds = steps + info.steps, seconds + info.seconds
             if vtu is not None and vtu_every is not None and t_end != t_final:
                 snapshots.append(_snapshot(ns, st, f"{os.path.splitext(vtu)[0]}_t{t_end:g}.vtu"))
-    except ts.NonFiniteError as e:
-        return dict(base, converged=False, steps=steps + e.step, message=str(e))
+    except (ts.NonFiniteError, RunStopped) as e:  # a RunStopped counts the flow's steps, NonFiniteError the call's
+        at = e.step if isinstance(e, RunStopped) else steps + e.step
+        return dict(base, converged=False, status=e.status, steps=at, t=e.t, message=str(e))
     s = NS.Series(*(np.concatenate(cols) for cols in zip(*parts)))
-    record = dict(base, converged=True, steps=steps, seconds=seconds,
+    record = dict(base, converged=True, status="completed", steps=steps, seconds=seconds,
                   seconds_per_step=seconds / max(steps, 1), **_series(s, nu))
     record.update(_compare(s))
     if out is not None:
@@ -120,12 +127,15 @@ def _series(s: NS.Series, nu: float) -> dict:
 
 
 def _compare(s: NS.Series) -> dict:
-    """Peak ε and its time, E_k at t = 5 and 10, here and in the DNS (where reached)."""
+    """Peak ε and its time (None when the largest ε is the last sample: the run ended before the
+    peak), E_k at t = 5 and 10, here and in the DNS (where reached)."""
     out = {}
     eps = np.where(np.isfinite(s.dissipation), s.dissipation, -np.inf)
     i = int(np.argmax(eps))
-    out["peak_dissipation"] = float(s.dissipation[i]) if np.isfinite(eps[i]) else None
-    out["peak_dissipation_time"] = float(s.time[i]) if np.isfinite(eps[i]) else None
+    # a maximum at the last sample is where the run stopped, not a peak: none reported then
+    peak = bool(np.isfinite(eps[i])) and i < len(eps) - 1
+    out["peak_dissipation"] = float(s.dissipation[i]) if peak else None
+    out["peak_dissipation_time"] = float(s.time[i]) if peak else None
     for t in (5.0, 10.0):
         j = np.nonzero(np.isclose(s.time, t, atol=1e-9))[0]
         out[f"kinetic_energy_t{t:g}"] = float(s.kinetic_energy[j[0]]) if j.size else None
@@ -139,13 +149,15 @@ def _compare(s: NS.Series) -> dict:
 
 
 def _write_csv(path: str, s: NS.Series, nu: float) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["time", "kinetic_energy", "dissipation", "dissipation_viscous", "enstrophy", "divergence",
-                    "cfl", "pressure_iterations", "velocity_iterations"])
-        for r in zip(s.time, s.kinetic_energy, s.dissipation, 2 * nu * s.enstrophy, s.enstrophy, s.divergence,
-                     s.cfl, s.pressure_iterations, s.velocity_iterations):
-            w.writerow([f"{v:.10g}" for v in r])
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    w.writerow(["time", "kinetic_energy", "dissipation", "dissipation_viscous", "enstrophy", "divergence",
+                "cfl", "pressure_iterations", "velocity_iterations"])
+    for r in zip(s.time, s.kinetic_energy, s.dissipation, 2 * nu * s.enstrophy, s.enstrophy, s.divergence,
+                 s.cfl, s.pressure_iterations, s.velocity_iterations):
+        w.writerow([f"{v:.10g}" for v in r])
+    with atomic_output(path, "output file") as fh:
+        fh.write(text.getvalue().encode("utf-8"))
 
 
 def plot(s: NS.Series, nu: float, path: str) -> str:
@@ -169,6 +181,9 @@ def plot(s: NS.Series, nu: float, path: str) -> str:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_output(path, "output file") as fh:
+            fig.savefig(fh, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return path

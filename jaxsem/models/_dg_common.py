@@ -246,3 +246,8 @@ def _relative_error(mass, q, q_exact, comm):
 
     num, den = comm.allreduce(jnp.stack([norm2(q - q_exact), norm2(q_exact)]))
     return jnp.sqrt(num / den)
+
+
+def mass_norm(dg):
+    """``q -> ()``: √(Σ mass·q²) over every field of ``q`` and every rank (pad elements weigh 0)."""
+    return jax.jit(lambda q: jnp.sqrt(dg.comm.allreduce(jnp.sum(dg.mass * q * q))))

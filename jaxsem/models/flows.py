@@ -28,6 +28,7 @@ __all__ = [
 TGV_REFERENCE_ENV = "JAXSEM_TGV_REFERENCE"
 # Where the project keeps shared data: <repository root>/../shared (repository root = parent of jaxsem/).
 _SHARED_PATH = pathlib.Path(__file__).resolve().parents[2].parent / "shared/data/tgv/spectral_Re1600_512.gdiag"
+_PACKAGED_PATH = pathlib.Path(__file__).resolve().parents[1] / "data" / "tgv_re1600_dns.txt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +178,10 @@ def tgv_reference(path: str | os.PathLike | None = None) -> TGVReference | None:
     """The TGV Re = 1600 spectral DNS (512³) reference: a 4-column ``.gdiag`` file (t, E_k, ε, Z).
 
     ``path=None`` uses the file named by the environment variable ``JAXSEM_TGV_REFERENCE``
-    if set, else ``<repository root>/../shared/data/tgv/spectral_Re1600_512.gdiag``, and returns
-    None when that default is absent. Raises ``FileNotFoundError`` for a given path (or the
+    if set, else ``<repository root>/../shared/data/tgv/spectral_Re1600_512.gdiag`` (every
+    0.01 in t) where it exists, else the table shipped in the package (the same rows every 0.1,
+    plus the dissipation peak at t = 8.97 and the last row; ``jaxsem/data/tgv_re1600_dns.txt``).
+    It returns None only if even the packaged table is missing (a broken install). Raises ``FileNotFoundError`` for a given path (or the
     variable's) that does not exist and ``ValueError`` naming the path for a malformed file.
     Data: HiOCFD workshop case C3.5 (Wang et al., Int. J. Numer. Meth. Fluids 72 (2013) 811).
     """
@@ -188,6 +191,8 @@ def tgv_reference(path: str | os.PathLike | None = None) -> TGVReference | None:
             path, who = env, f"{TGV_REFERENCE_ENV}"
         elif _SHARED_PATH.is_file():
             path, who = _SHARED_PATH, "default path"
+        elif _PACKAGED_PATH.is_file():
+            path, who = _PACKAGED_PATH, "packaged table"
         else:
             return None
     else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -46,9 +47,10 @@ from ..operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ..solvers import multigrid
 from ..solvers import timestepping as ts
 from ..solvers.pcg import PCGInfo, linear_solve, min_tol
+from ..solvers.stops import SolveFailedError, UnstableRunError
 from . import poisson
 
-__all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "Diagnostics", "Series",
+__all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "run", "bdf_ext"]
 
 def bdf_ext(k: int):
@@ -84,6 +86,11 @@ class NSOptions:
       pressure_maxiter, velocity_maxiter: iteration caps.
       dealias: evaluate the convective term on the 3/2 Gauss rule (else on the GLL nodes).
       pmg: :class:`jaxsem.solvers.multigrid.PMGOptions` of the pressure preconditioner.
+      max_cfl: the largest CFL number (:class:`Diagnostics`) :func:`run` accepts: a start
+        above it is refused, and a run whose CFL passes it stops. The explicit convection of
+        EXTk is stable to a CFL number below 1 with this measure, further only where the
+        (implicit) viscous term damps the growing modes; a CFL number of several means a run
+        growing without bound. A start above 1 warns (:class:`StabilityWarning`).
     """
 
     time_order: int = 3
@@ -93,6 +100,7 @@ class NSOptions:
     velocity_maxiter: int = 1000
     dealias: bool = True
     pmg: multigrid.PMGOptions = multigrid.PMGOptions()
+    max_cfl: float = 4.0
 
     def __post_init__(self):
         if isinstance(self.time_order, bool) or self.time_order not in (1, 2, 3):
@@ -110,6 +118,9 @@ class NSOptions:
             raise TypeError(f"NSOptions.dealias must be True or False, got {self.dealias!r}")
         if not isinstance(self.pmg, multigrid.PMGOptions):
             raise TypeError(f"NSOptions.pmg must be a PMGOptions, got {type(self.pmg).__name__}")
+        v = self.max_cfl
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"NSOptions.max_cfl must be a positive finite number, got {v!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -175,6 +186,10 @@ class State:
     def p(self):
         """``(E, n, n, n)`` the current pressure (zero mean; 0 before the first step)."""
         return self.P[0]
+
+
+class StabilityWarning(UserWarning):
+    """A run starts with a CFL number above 1: stable only where viscosity damps the convection."""
 
 
 class StepInfo(NamedTuple):
@@ -394,16 +409,21 @@ def step(ns: NavierStokes, state: State):
     return ns.sem.local_map(lambda _, ns, st: _step_local(ns, st), ns, state)
 
 
-def simulate(ns: NavierStokes, state: State, num_steps: int) -> State:
+def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = False):
     """``num_steps`` steps as one ``lax.scan`` (pure, differentiable; for ``jax.grad`` through
-    short runs). Returns the final state."""
+    short runs). Returns the final state; with ``info=True`` ``(state, StepInfo)``, the
+    :class:`StepInfo` of every step stacked (``converged: (num_steps,)`` and so on), so that a
+    loss can see whether its solves converged (return it as ``has_aux``). An adjoint solve that
+    misses its tolerance warns (:class:`jaxsem.solvers.pcg.AdjointNotConvergedWarning`)."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
 
     def body(st, _):
-        return step(ns, st)[0], None
+        st, i = step(ns, st)
+        return st, (i if info else None)
 
-    return jax.lax.scan(body, state, None, length=int(num_steps))[0]
+    st, infos = jax.lax.scan(body, state, None, length=int(num_steps))
+    return (st, infos) if info else st
 
 
 def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None) -> State:
@@ -484,9 +504,13 @@ def diagnostics(ns: NavierStokes, state: State) -> Diagnostics:
 
 class Series(NamedTuple):
     """A run's time series (NumPy, one entry per sample): ``time``, ``kinetic_energy``,
-    ``dissipation`` (−dE_k/dt from the energy of the sample's last two steps, at t − Δt/2),
-    ``enstrophy``, ``divergence``, ``cfl``, ``pressure_iterations`` and
-    ``velocity_iterations`` (of the sample's last step)."""
+    ``dissipation`` (−dE_k/dt at the sample time from the energies of its last three steps,
+    (3Eⁿ − 4Eⁿ⁻¹ + Eⁿ⁻²)/(2Δt), second order; from two where the sample has one step),
+    ``enstrophy``, ``divergence``, ``cfl``; of every step of the sample, the most
+    ``pressure_iterations`` and ``velocity_iterations``, the largest true relative
+    residuals ``pressure_residual`` and ``velocity_residual``, and ``failed_solves`` (solves
+    that missed their tolerance: :func:`run` stops at the first). The first row (the start)
+    has NaN for the per-step columns."""
 
     time: np.ndarray
     kinetic_energy: np.ndarray
@@ -496,34 +520,55 @@ class Series(NamedTuple):
     cfl: np.ndarray
     pressure_iterations: np.ndarray
     velocity_iterations: np.ndarray
+    pressure_residual: np.ndarray
+    velocity_residual: np.ndarray
+    failed_solves: np.ndarray
 
 
-_COLUMNS = len(Series._fields)
+_COLUMNS = len(Series._fields) + 1  # and the first failed step of the sample (0: none), not in the Series
+_PER_STEP = [Series._fields.index(c) for c in ("dissipation", "pressure_iterations", "velocity_iterations",
+                                               "pressure_residual", "velocity_residual", "failed_solves")]
 _ROW_BLOCK = 16  # series rows are allocated in multiples of this
 
 
 def _advance(ns: NavierStokes, chunk, y, m0, count):
     """``count`` steps from ``y = (state, rows)``; then row ⌈(m0 + count)/chunk⌉ of ``rows``
-    gets the sample's diagnostics (NaN where a solve missed its tolerance: a failed step).
+    gets the sample's diagnostics and the tally of its solves (:class:`Series`).
     ``chunk``, ``m0``, ``count``: ``()`` integers, traced like Δt, so that one compiled
     program serves every step and sample size on a discretization."""
     st, rows = y
-    st = jax.lax.fori_loop(0, count - 1, lambda _, st: step(ns, st)[0], st)
-    e0 = _kinetic_energy(ns, st)  # only E_k before the sample's last step: −dE_k/dt
-    st, info = step(ns, st)
+    dtype = st.t.dtype
+    nan = jnp.asarray(jnp.nan, dtype)
+
+    def body(_, c):
+        st, e1, _, tally = c
+        e = _kinetic_energy(ns, st)  # E_k before this step: the sample's last three give −dE_k/dt
+        st, info = step(ns, st)
+        p, v = info.pressure, info.velocity
+        failed = ~(p.converged & v.converged)
+        tally = (jnp.maximum(tally[0], p.iterations.astype(dtype)), jnp.maximum(tally[1], v.iterations.astype(dtype)),
+                 jnp.fmax(tally[2], p.true_relative_residual.astype(dtype)),
+                 jnp.fmax(tally[3], v.true_relative_residual.astype(dtype)),
+                 tally[4] + failed.astype(dtype),
+                 jnp.where((tally[5] == 0) & failed, st.step.astype(dtype), tally[5]))
+        return st, e, e1, tally
+
+    zero = jnp.zeros((), dtype)
+    st, e1, e2, tally = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 6))
     d = diagnostics(ns, st)
-    row = jnp.stack([st.t, d.kinetic_energy, -(d.kinetic_energy - e0) / ns.dt, d.enstrophy, d.divergence, d.cfl,
-                     info.pressure.iterations.astype(st.t.dtype), info.velocity.iterations.astype(st.t.dtype)])
-    ok = info.pressure.converged & info.velocity.converged
-    row = jnp.where(ok, row, jnp.nan)
+    e0 = d.kinetic_energy
+    three = -(3 * e0 - 4 * e1 + e2) / (2 * ns.dt)
+    diss = jnp.where(count >= 2, three, -(e0 - e1) / ns.dt)
+    row = jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, *tally])
     rows = rows.at[(m0 + count + chunk - 1) // chunk].set(row)
     return st, rows
 
 
 def _row0(ns: NavierStokes, st: State):
     d = diagnostics(ns, st)
-    zero = jnp.zeros((), st.t.dtype)  # no step yet: dissipation and iterations undefined (NaN in the Series)
-    return jnp.stack([st.t, d.kinetic_energy, zero, d.enstrophy, d.divergence, d.cfl, zero, zero])
+    zero = jnp.zeros((), st.t.dtype)  # no step yet: the per-step columns are undefined (NaN in the Series)
+    return jnp.stack([st.t, d.kinetic_energy, zero, d.enstrophy, d.divergence, d.cfl]
+                     + [zero] * (_COLUMNS - 6))
 
 
 def _whole_steps(span: float, dt: float, name: str) -> int:
@@ -542,9 +587,17 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     ``t_final − state.t`` must be whole numbers of steps (``options.chunk_steps`` is
     replaced by the interval's). Checkpoints (``options.checkpoint_path``) hold the state
     with its BDF/EXT history and the series so far; a resumed run (``options.resume``,
-    the same ``meta``) continues both bit for bit. Raises
-    :class:`jaxsem.solvers.timestepping.NonFiniteError` naming the first failed step: its
-    result not finite, or its pressure or velocity solve short of the tolerance.
+    the same ``meta``) continues both bit for bit.
+
+    Nothing that went wrong passes silently. Refused before any step (``ValueError``): a start
+    whose CFL number is above ``ns.options.max_cfl`` (the message gives a Δt that is not);
+    above 1 a :class:`StabilityWarning`.
+    Stopped, naming the step and the time (the last checkpoint is the one before):
+    :class:`jaxsem.solvers.stops.SolveFailedError` at the first step whose pressure or velocity
+    solve missed its tolerance; :class:`jaxsem.solvers.stops.UnstableRunError` when a sample's
+    CFL passes ``max_cfl`` or, in a flow with no boundary data (no energy enters), its E_k
+    passes ten times the start's; :class:`jaxsem.solvers.timestepping.NonFiniteError` at the
+    first step whose result is not finite (between samples).
     """
     if not isinstance(options, ts.RunOptions):
         raise TypeError(f"options must be a RunOptions, got {type(options).__name__}")
@@ -565,6 +618,14 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     rows = replicated(ns.sem, np.zeros((-(-(samples + 1) // _ROW_BLOCK) * _ROW_BLOCK, _COLUMNS), state.t.dtype))
     rows = rows.at[0].set(_row0(ns, state))
     o = ns.options
+    cfl0 = float(rows[0, Series._fields.index("cfl")])
+    if cfl0 > o.max_cfl:
+        raise ValueError(f"dt = {dt:.6g} gives CFL {cfl0:.4g} at the start, above NSOptions.max_cfl = "
+                         f"{o.max_cfl:g}; use dt <= {dt * 0.5 / cfl0:.3g} (CFL 0.5)")
+    if cfl0 > 1:
+        warnings.warn(f"dt = {dt:.6g} gives CFL {cfl0:.4g} at the start: above 1 the explicit convection is "
+                      f"stable only where viscosity damps it; dt <= {dt * 0.5 / cfl0:.3g} gives CFL 0.5",
+                      StabilityWarning, stacklevel=2)
     label = f"BDF{o.time_order}/EXT{o.time_order} Navier-Stokes"
     meta = dict(options.meta, nu=float(ns.nu), order=ns.sem.order, nodes=int(ns.sem.num_global),
                 time_order=o.time_order, dealias=o.dealias, sample_steps=chunk)
@@ -575,11 +636,45 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
             raise ValueError(f"resume: checkpoint {options.resume} is at step {start} > the {num_steps} steps "
                              f"to t_final = {t_final}")
     opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
+    check = _checker(ns, chunk, dt, float(rows[0, 1]))
     (state, rows), info = ts.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
-                                   args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start)
+                                   args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start,
+                                   check=check)
     r = np.array(rows)[:samples + 1]
-    r[0, [2, 6, 7]] = np.nan
-    return state, Series(*(r[:, c] for c in range(_COLUMNS))), info
+    r[0, _PER_STEP] = np.nan
+    return state, Series(*(r[:, c] for c in range(len(Series._fields)))), info
+
+
+def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
+    """The host check of :func:`run` after each chunk: a failed solve, a CFL number past
+    ``options.max_cfl`` or, with no boundary data (no energy enters), E_k grown tenfold stop the
+    run, named with the step."""
+    limit = ns.options.max_cfl
+    col = {name: i for i, name in enumerate(Series._fields)}
+
+    def check(y, m):
+        row = np.asarray(y[1][-(-m // chunk)])
+        step, t = int(np.asarray(y[0].step)), float(row[col["time"]])  # the flow's own step count
+        failed = row[col["failed_solves"]]
+        if failed > 0:
+            first = int(row[-1])
+            p_res, v_res = row[col["pressure_residual"]], row[col["velocity_residual"]]
+            which = "pressure" if not p_res <= ns.options.pressure_tol else "velocity"
+            res = p_res if which == "pressure" else v_res
+            raise SolveFailedError(first, t - (step - first) * dt,
+                                   which, res, int(failed),
+                                   f"raise NSOptions.{which}_maxiter or loosen {which}_tol, or lower dt")
+        cfl = row[col["cfl"]]
+        if cfl > limit:
+            raise UnstableRunError(step, t, "CFL", cfl, limit,
+                                   f"dt = {dt:.4g} is past the stable step; dt <= {dt * 0.5 / cfl:.3g} gives CFL 0.5 here")
+        e = row[col["kinetic_energy"]]
+        if ns.boundary is None and e > 10 * e_start + 1e-300:
+            raise UnstableRunError(step, t, "kinetic energy", e, 10 * e_start,
+                                   "no energy enters this flow (no boundary data), so E_k cannot grow tenfold; "
+                                   f"lower dt = {dt:.4g}")
+
+    return check
 
 
 def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
@@ -592,9 +687,17 @@ def _resume(ns: NavierStokes, path, state: State, rows, meta: dict):
         problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {path})"
     if problem is not None:
         raise ValueError(problem)
-    with np.load(path) as z:
-        saved_rows = z[f"leaf_{int(z['num_leaves']) - 1}"].shape
+    # the series' length is the saved run's (its t_final), so the last array is matched by its header
+    shapes = ts.checkpoint_shapes(path)
+    saved_rows = shapes[-1].shape if shapes else ()
+    if len(saved_rows) != 2 or saved_rows[1] != rows.shape[1]:
+        raise ValueError(f"resume: checkpoint {path}: its last array (the series) has shape {saved_rows}, "
+                         f"expected (rows, {rows.shape[1]})")
     (state, saved), _, step, _ = ts.load_checkpoint(path, (state, jnp.zeros(saved_rows, rows.dtype)))
+    need = -(-step // int(meta["sample_steps"])) + 1  # row 0 and one per sample reached
+    if saved_rows[0] < need:
+        raise ValueError(f"resume: checkpoint {path}: step {step} needs {need} series rows, the file holds "
+                         f"{saved_rows[0]}")
     n = min(saved.shape[0], rows.shape[0])
     return state, rows.at[:n].set(saved[:n]), step
 

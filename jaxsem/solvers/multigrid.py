@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Callable
 
 import jax
@@ -50,7 +51,11 @@ from . import chebyshev
 # schedule or another coarse solver is the remedy, not more steps.
 MAX_COARSE_STEPS = 500
 
-__all__ = ["PMGOptions", "PMG", "Level", "setup", "vcycle", "prolong", "restrict", "default_orders"]
+__all__ = ["PMGOptions", "PMGScheduleWarning", "PMG", "Level", "setup", "vcycle", "prolong", "restrict", "default_orders"]
+
+
+class PMGScheduleWarning(UserWarning):
+    """The default p-multigrid schedule was cut short: the geometry folds at a lower order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,9 @@ class PMGOptions:
 
     Attributes:
       orders: the level orders, finest first (``(7, 3, 1)``; the fine order may be left
-        out); ``None``: halving, p → ⌈p/2⌉ → … → 1 (:func:`default_orders`).
+        out); ``None``: halving, p → ⌈p/2⌉ → … → 1 (:func:`default_orders`), ended early
+        (with a :class:`PMGScheduleWarning`) where the geometry interpolated to a lower
+        order folds; given orders whose geometry folds are refused.
       degree: degree of the fourth-kind Chebyshev smoother, applied before and after the
         coarse correction (``degree − 1`` operator applications each, 1 ≤ degree ≤ 8).
       safety: ρ = safety · (largest Ritz value): the smoother's bound of λ_max(D⁻¹A).
@@ -283,8 +290,14 @@ def setup(sem: SEM, mesh: Mesh, operator: Callable, diagonal: Callable, h1=1.0, 
         except ValueError as err:
             if "inverted" not in str(err):
                 raise
-            raise ValueError(f"options.orders: the geometry interpolated to order {order} (levels {orders}) "
-                             f"folds: {err}; end the schedule at a higher order") from err
+            if options.orders is not None:
+                raise ValueError(f"options.orders: the geometry interpolated to order {order} (levels {orders}) "
+                                 f"folds: {err}; end the schedule at a higher order") from err
+            # the default schedule ends at the lowest order whose geometry does not fold
+            kept = orders[: orders.index(order)]
+            warnings.warn(f"p-multigrid: the geometry folds at order {order}; levels {kept} instead of {orders}",
+                          PMGScheduleWarning, stacklevel=3)
+            break
         if not np.array_equal(c.host_elements(), sem.host_elements()):
             raise ValueError("partition: the coarse levels were split differently from sem; pass the "
                              "partition sem was built with")

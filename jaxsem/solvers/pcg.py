@@ -147,7 +147,8 @@ def _check_finite(value, name, what):
     a = jnp.asarray(value)
     if not jnp.issubdtype(a.dtype, jnp.inexact):
         return
-    bad = int(a.size - jnp.count_nonzero(jnp.isfinite(a)))
+    with jax.ensure_compile_time_eval():  # concrete data met while a solve is being traced
+        bad = int(a.size - jnp.count_nonzero(jnp.isfinite(a)))
     if bad:
         raise ValueError(f"{name} ({what}) has {bad} non-finite value(s) (NaN or Inf) of {a.size}")
 

@@ -42,18 +42,25 @@ that limit by a CFL factor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
+import signal
 import sys
+import threading
 import time
+import zipfile
 from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ..io import atomic_output
+from .stops import UnstableRunError
 
 __all__ = [
     "stability_function",
@@ -78,6 +85,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "checkpoint_meta",
+    "checkpoint_shapes",
+    "RunInterrupted",
     "meta_mismatch",
 ]
 
@@ -496,39 +505,133 @@ def cfl_dt(rho: float, method: str = "lserk4", cfl: float = 0.5) -> float:
 def save_checkpoint(path, y, t: float, step: int, **meta) -> None:
     """Write state ``y`` (a pytree of arrays), time and step to ``path`` (npz), atomically.
 
-    The file is written to ``path + '.tmp'`` and moved into place with
-    ``os.replace``, so a crash leaves either the old or the new checkpoint.
+    Written through :func:`jaxsem.io.atomic_output`: a temporary file with a unique name,
+    created exclusively beside ``path``, renamed onto it when whole; a crash, a full disk or
+    a concurrent writer of the same path leaves either the old or a new checkpoint, and no
+    temporary file. Raises ``ValueError`` for a symlink at ``path``, a ``step`` that is not
+    an integer ≥ 0 or a ``t`` that is not finite (such a file could not be resumed).
     """
+    path = os.fspath(path)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"save_checkpoint({path!r}): step must be an integer >= 0, got {step!r}")
+    if not math.isfinite(float(t)):
+        raise ValueError(f"save_checkpoint({path!r}): t must be finite, got {t!r}")
     leaves = jax.tree_util.tree_leaves(y)
     arrays = {f"leaf_{i}": np.asarray(a) for i, a in enumerate(leaves)}
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    with atomic_output(path, "checkpoint") as fh:
         np.savez(fh, t=np.float64(t), step=np.int64(step), num_leaves=np.int64(len(leaves)),
                  **{f"meta_{k}": np.asarray(v) for k, v in meta.items()}, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
-def load_checkpoint(path, like):
+class _Checkpoint(NamedTuple):
+    """An open checkpoint file whose container :func:`_open_checkpoint` has checked."""
+
+    path: str
+    z: object  # numpy's NpzFile
+    num_leaves: int
+
+    def read(self, key: str) -> np.ndarray:
+        """The array ``key``; a damaged member is a ``ValueError`` naming the file."""
+        try:
+            return self.z[key]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise ValueError(f"checkpoint {self.path!r}: cannot read {key!r} ({err})") from None
+
+    def scalar(self, key: str, kinds: str, allowed: str):
+        """The 0-d array ``key`` of a dtype kind in ``kinds``, as a Python value."""
+        a = self.read(key)
+        if a.shape != () or a.dtype.kind not in kinds:
+            raise ValueError(f"checkpoint {self.path!r}: {key} must be {allowed}, got an array of shape "
+                             f"{a.shape} and dtype {a.dtype}")
+        return a.item()
+
+    def leaf_header(self, i: int) -> tuple[tuple, np.dtype]:
+        """Shape and dtype of array ``i`` from its header, without reading its data."""
+        try:
+            with self.z.zip.open(f"leaf_{i}.npy") as fh:
+                version = np.lib.format.read_magic(fh)
+                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = header(fh)
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+            raise ValueError(f"checkpoint {self.path!r}: cannot read the header of array {i} ({err})") from None
+        return tuple(shape), np.dtype(dtype)
+
+
+@contextlib.contextmanager
+def _open_checkpoint(path, max_step: int | None = None):
+    """A checkpoint file with its container checked (every error a ``ValueError`` naming the file).
+
+    Checked: an npz archive (no pickled objects) with ``t`` finite, ``step`` an integer in
+    0..``max_step`` (no upper bound for ``None``), ``num_leaves`` an integer ≥ 0 with exactly
+    the arrays ``leaf_0 .. leaf_{num_leaves-1}``, and every ``meta_*`` a 0-d str, number or bool.
+    A missing file is a ``FileNotFoundError`` naming it.
+    """
+    p = os.fspath(path)
+    try:
+        z = np.load(p, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint {p!r}: no such file") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"checkpoint {p!r} is not a checkpoint written by save_checkpoint (an npz "
+                         f"archive): {err}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"checkpoint {p!r} is a single .npy array, not a checkpoint written by save_checkpoint "
+                         "(an npz archive)")
+    with z:
+        missing = [k for k in ("t", "step", "num_leaves") if k not in z.files]
+        if missing:
+            raise ValueError(f"checkpoint {p!r} lacks {', '.join(missing)}: not a checkpoint written by "
+                             f"save_checkpoint (it holds {sorted(z.files)})")
+        ck = _Checkpoint(p, z, 0)
+        n = ck.scalar("num_leaves", "iu", "an integer >= 0")
+        leaves = {k for k in z.files if k.startswith("leaf_")}
+        if n < 0 or leaves != {f"leaf_{i}" for i in range(n)}:
+            raise ValueError(f"checkpoint {p!r}: num_leaves = {n} must be >= 0 and name its arrays "
+                             f"leaf_0 .. leaf_{n - 1}, the file holds {sorted(leaves)}")
+        step = ck.scalar("step", "iu", "an integer")
+        if step < 0 or (max_step is not None and step > max_step):
+            allowed = ">= 0" if max_step is None else f"in 0..{max_step} (this run has {max_step} steps)"
+            raise ValueError(f"checkpoint {p!r}: step must be an integer {allowed}, got {step}")
+        t = ck.scalar("t", "fiu", "a finite number")
+        if not math.isfinite(t):
+            raise ValueError(f"checkpoint {p!r}: t must be a finite number, got {t}")
+        for k in z.files:
+            if k.startswith("meta_"):
+                ck.scalar(k, "biufU", "a str, number or bool")
+        yield ck._replace(num_leaves=n)
+
+
+def load_checkpoint(path, like, *, max_step: int | None = None):
     """Read a checkpoint written by :func:`save_checkpoint`: ``(y, t, step, meta)``.
 
-    ``like`` gives the pytree structure, shapes and dtypes to expect.
+    ``like`` gives the pytree structure, shapes and dtypes to expect; ``max_step`` the
+    largest step allowed (the run's step count). Every field is checked
+    (:func:`_open_checkpoint`, then each array's shape and dtype against ``like``); a
+    failure is a ``ValueError`` naming the file, the field, the value and what is allowed.
     """
-    with np.load(os.fspath(path)) as z:
+    with _open_checkpoint(path, max_step) as ck:
         leaves_like, treedef = jax.tree_util.tree_flatten(like)
-        if int(z["num_leaves"]) != len(leaves_like):
-            raise ValueError(f"checkpoint {path} holds {int(z['num_leaves'])} arrays, expected {len(leaves_like)}")
+        if ck.num_leaves != len(leaves_like):
+            raise ValueError(f"checkpoint {ck.path!r}: num_leaves = {ck.num_leaves}, this run's state has "
+                             f"{len(leaves_like)} arrays")
         leaves = []
         for i, ref in enumerate(leaves_like):
-            a = z[f"leaf_{i}"]
-            if a.shape != jnp.shape(ref) or a.dtype != jnp.result_type(ref):
-                raise ValueError(f"checkpoint {path}: array {i} has shape {a.shape} {a.dtype}, "
-                                 f"expected {jnp.shape(ref)} {jnp.result_type(ref)}")
-            leaves.append(jnp.asarray(a))
-        meta = {k[5:]: z[k][()] for k in z.files if k.startswith("meta_")}
-        return jax.tree_util.tree_unflatten(treedef, leaves), float(z["t"]), int(z["step"]), meta
+            shape, dtype = ck.leaf_header(i)
+            want_shape, want_dtype = tuple(jnp.shape(ref)), jnp.result_type(ref)
+            if shape != want_shape or dtype != want_dtype:
+                raise ValueError(f"checkpoint {ck.path!r}: array {i} has shape {shape} and dtype {dtype}, "
+                                 f"this run's has shape {want_shape} and dtype {want_dtype}")
+            leaves.append(jnp.asarray(ck.read(f"leaf_{i}")))
+        meta = {k[5:]: ck.read(k)[()] for k in ck.z.files if k.startswith("meta_")}
+        return (jax.tree_util.tree_unflatten(treedef, leaves), float(ck.read("t")), int(ck.read("step")), meta)
+
+
+def checkpoint_shapes(path) -> list:
+    """Shapes and dtypes of a checkpoint's arrays (``jax.ShapeDtypeStruct``, in leaf order), without
+    reading their data; the container is checked as by :func:`load_checkpoint`."""
+    with _open_checkpoint(path) as ck:
+        return [jax.ShapeDtypeStruct(*ck.leaf_header(i)) for i in range(ck.num_leaves)]
 
 
 # ----------------------------------------------------------------------------- guarded driver
@@ -537,12 +640,64 @@ def load_checkpoint(path, like):
 class NonFiniteError(FloatingPointError):
     """The solution became NaN/Inf; ``step`` is the first step whose result is not finite."""
 
+    status = "non_finite"
+
     def __init__(self, step: int, t: float, method: str, dt: float):
         self.step, self.t = step, t
         super().__init__(
             f"non-finite values (NaN/Inf) appeared at step {step} (t = {t:.6g}) of a {method} run "
             f"with dt = {dt:.6g}; the state before that step was finite"
         )
+
+
+class RunInterrupted(BaseException):
+    """A run stopped by SIGINT or SIGTERM after a whole chunk (and its checkpoint).
+
+    Attributes: ``step`` and ``t`` reached, ``signal`` (its number), ``checkpoint`` (the
+    file holding that state, or ``None`` where the run writes none). A ``BaseException``,
+    as ``KeyboardInterrupt`` is, so that a handler of ``Exception`` does not swallow it;
+    ``status = "interrupted"`` as the run-stop exceptions of :mod:`jaxsem.solvers.stops` carry theirs.
+    """
+
+    status = "interrupted"
+
+    def __init__(self, step: int, t: float, signum: int, checkpoint: str | None):
+        checkpoint = None if checkpoint is None else os.fspath(checkpoint)
+        self.step, self.t, self.signal, self.checkpoint = step, t, signum, checkpoint
+        kept = (f"checkpoint {checkpoint} holds this state" if checkpoint is not None
+                else "no checkpoint was written")
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} (t = {t:.6g}); {kept}")
+
+
+def _catch_stop_signals():
+    """``(received, restore)``: SIGINT and SIGTERM append their number to the list
+    ``received`` until ``restore()`` puts the previous handlers back.
+
+    Python runs handlers in the main thread only; elsewhere nothing is installed.
+    """
+    received, previous = [], {}
+    if threading.current_thread() is not threading.main_thread():
+        return received, lambda: None
+    for s in (signal.SIGINT, signal.SIGTERM):
+        previous[s] = signal.signal(s, lambda signum, frame: received.append(signum))
+
+    def restore():
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+    return received, restore
+
+
+def _agreed_signal(received: list, comm) -> int:
+    """The stop signal any process of the run received (0: none), so that all stop after one chunk."""
+    sig = max(received, default=0)
+    if comm is not None and comm.name == "mpi":
+        sig = int(comm.allreduce(sig, op="max"))
+    elif jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        sig = int(np.max(multihost_utils.process_allgather(np.int32(sig))))
+    return sig
 
 
 class RunInfo(NamedTuple):
@@ -604,7 +759,9 @@ class RunOptions:
         NaN/Inf checks and checkpoints.
       dt_max: the stable limit (e.g. :func:`cfl_dt` with cfl = 1), or ``None``; a
         ``dt`` above it is refused with a ``ValueError`` naming the limit.
-      progress: show a tqdm progress bar on stderr.
+      progress: show a tqdm progress bar on stderr: True, False, or ``"auto"`` (the default:
+        where stderr is a terminal or in a Jupyter kernel). It says the first chunk's time
+        (compilation included) apart from the steps' rate and the time left.
       desc: the progress bar's label.
       checkpoint_path: write ``(y, t, step)`` and the metadata there after every
         chunk (npz, atomic), or ``None``.
@@ -620,7 +777,7 @@ class RunOptions:
 
     chunk_steps: int = 100
     dt_max: float | None = None
-    progress: bool = False
+    progress: bool | str = "auto"
     desc: str = "time steps"
     checkpoint_path: str | os.PathLike | None = None
     resume: str | os.PathLike | None = None
@@ -639,8 +796,8 @@ class RunOptions:
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"RunOptions.dt_max must be None or a positive finite number, got {self.dt_max!r}")
             object.__setattr__(self, "dt_max", v)
-        if not isinstance(self.progress, (bool, np.bool_)):
-            raise TypeError(f"RunOptions.progress must be True or False, got {self.progress!r}")
+        if not isinstance(self.progress, (bool, np.bool_)) and self.progress != "auto":
+            raise TypeError(f"RunOptions.progress must be True, False or 'auto', got {self.progress!r}")
         if not isinstance(self.desc, str):
             raise TypeError(f"RunOptions.desc must be a str, got {self.desc!r}")
         for name in ("checkpoint_path", "resume"):
@@ -684,10 +841,12 @@ def meta_mismatch(path, saved: dict, want: dict) -> str | None:
     return f"resume: checkpoint {path} is of another run: " + "; ".join(diffs) if diffs else None
 
 
-def checkpoint_meta(path) -> dict:
-    """The metadata of a checkpoint written by :func:`save_checkpoint`, as plain Python values."""
-    with np.load(os.fspath(path)) as z:
-        return {k[5:]: z[k][()].item() for k in z.files if k.startswith("meta_")}
+def checkpoint_meta(path, *, max_step: int | None = None) -> dict:
+    """The metadata of a checkpoint written by :func:`save_checkpoint`, as plain Python values.
+
+    The file is checked as by :func:`load_checkpoint` (errors name it)."""
+    with _open_checkpoint(path, max_step) as ck:
+        return {k[5:]: ck.read(k)[()].item() for k in ck.z.files if k.startswith("meta_")}
 
 
 def run(
@@ -701,6 +860,8 @@ def run(
     method: str = "lserk4",
     options: RunOptions = RunOptions(),
     comm=None,
+    growth_limit: float | None = None,
+    norm: Callable | None = None,
 ):
     """Run ``num_steps`` steps in jitted chunks with guards; return ``(y, RunInfo)``.
 
@@ -715,6 +876,12 @@ def run(
       t0: initial time.
       method: one of :data:`METHODS`.
       options: chunking, the stable limit, progress and checkpoint files (:class:`RunOptions`).
+      growth_limit: None, or for a source-free problem whose stable steps do not let the
+        solution grow (upwind or central DG fluxes): the state's ``norm`` passing
+        ``growth_limit`` times the start's stops the run with an
+        :class:`jaxsem.solvers.stops.UnstableRunError` naming the step, before overflow.
+      norm: ``y -> ()`` the global norm for ``growth_limit`` (the DG models: the mass norm,
+        which leaves a sharded run's pad elements out); None: the Euclidean norm of every leaf.
       comm: the discretization's transport (:mod:`jaxsem.parallel.comm`): the NaN/Inf
         test and the resume check are then global (every rank stops, and replays,
         together) and, under MPI, each rank writes/reads its own checkpoint file
@@ -742,12 +909,42 @@ def run(
     adv = advance_fn(f, method, args is not None)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
     t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
+    check = None
+    if growth_limit is not None:
+        check = _growth_check(y0, float(growth_limit), t0, dt, comm, norm)
     return drive(lambda y, a, m0, count: adv(y, a, t0_, dt_, m0, count), y0, num_steps, dt=dt, t0=t0,
-                 label=method, args=args, options=options, comm=comm)
+                 label=method, args=args, options=options, comm=comm, check=check)
+
+
+@jax.jit
+def _sum_of_squares(y):
+    return sum(jnp.sum(jnp.square(a)) for a in jax.tree_util.tree_leaves(y))
+
+
+def _growth_check(y0, limit: float, t0: float, dt: float, comm, norm):
+    """``check`` for :func:`drive`: the state's norm past ``limit`` times the start's stops the run."""
+    if norm is None:
+        norm = lambda y: jnp.sqrt(_sum_of_squares(y) if comm is None else comm.allreduce(_sum_of_squares(y)))
+    n0 = float(norm(y0))
+
+    def check(y, m):
+        n = float(norm(y))
+        if n0 > 0 and n > limit * n0:  # NaN compares False: left to the NaN/Inf test
+            raise UnstableRunError(m, t0 + m * dt, "the state's norm relative to the start", n / n0, limit,
+                                   "a source-free run of a stable scheme does not grow: lower dt")
+
+    return check
+
+
+def _show_progress(progress) -> bool:
+    """``RunOptions.progress`` resolved: ``"auto"`` is a terminal on stderr or a Jupyter kernel."""
+    if progress != "auto":
+        return bool(progress)
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
 
 
 def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
-          options: RunOptions = RunOptions(), comm=None, start: int = 0):
+          options: RunOptions = RunOptions(), comm=None, start: int = 0, check: Callable | None = None):
     """The guarded chunk loop of :func:`run` for any stepper: ``(y, RunInfo)``.
 
     ``advance(y, args, m0, count) -> y`` (jitted by the caller) takes steps
@@ -757,6 +954,11 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
     metadata and the messages. Chunks, progress, NaN/Inf replay, checkpoints and resume
     are :func:`run`'s (see there). ``start``: steps ``y0`` has taken already (a caller that
     restored it from a checkpoint itself); the run continues from step ``start``.
+    ``check(y, m)``: called on the host after each chunk, before the NaN/Inf test and the
+    checkpoint, with the state after step ``m``; it raises (a
+    :class:`jaxsem.solvers.stops.RunStopped`) to stop the run, and the last checkpoint stays
+    the one before the chunk. SIGINT or SIGTERM during the loop ends it after the current
+    chunk and its checkpoint with :class:`RunInterrupted` (every process together).
     """
     num_steps = _check_steps(num_steps)
     method, chunk_steps = label, options.chunk_steps
@@ -776,30 +978,32 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
 
     y, m, resumed = y0, int(start), (int(start) if start else None)
     if resume is not None:
-        problem = meta_mismatch(resume, checkpoint_meta(resume), meta)
+        problem = meta_mismatch(resume, checkpoint_meta(resume, max_step=num_steps), meta)
         # Every rank refuses together (a rank's own mesh part may be the only difference).
         if comm is not None and int(comm.allreduce(jnp.asarray(int(problem is not None)))) and problem is None:
             problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {resume})"
         if problem is not None:
             raise ValueError(problem)
-        y, _, m, _ = load_checkpoint(resume, y0)
-        if m > num_steps:
-            raise ValueError(f"resume: checkpoint {resume} is at step {m} > num_steps = {num_steps}")
+        y, _, m, _ = load_checkpoint(resume, y0, max_step=num_steps)
         resumed = m
 
     if not finite(y):
         raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
     bar = None
-    if options.progress:
+    if _show_progress(options.progress):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_steps, initial=m, desc=options.desc, file=sys.stderr, unit="step", leave=False)
     start_step, chunks = m, 0
     tic = time.perf_counter()
+    # a stop signal ends the run between chunks, after the checkpoint, never inside XLA
+    stop, restore_handlers = _catch_stop_signals()
     try:
         while m < num_steps:
             count = min(chunk_steps, num_steps - m)
             y_new = advance(y, args, jnp.asarray(m), jnp.asarray(count))
+            if check is not None:
+                check(y_new, m + count)
             if not finite(y_new):
                 bad = m
                 for j in range(count):  # replay from the finite chunk start
@@ -813,9 +1017,16 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
             if checkpoint_path is not None:
                 save_checkpoint(checkpoint_path, y, t0 + m * dt, m, **meta)
             if bar is not None:
+                if chunks == 1:  # the first chunk compiled the program: its time apart from the rate
+                    bar.set_postfix_str(f"first chunk {time.perf_counter() - tic:.1f} s incl. compile")
+                    bar.unpause()
                 bar.update(count)
+            sig = _agreed_signal(stop, comm)
+            if sig:
+                raise RunInterrupted(m, t0 + m * dt, sig, checkpoint_path)
         jax.block_until_ready(y)
     finally:
+        restore_handlers()
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - tic

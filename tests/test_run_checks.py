@@ -1,0 +1,87 @@
+"""The host checks of time-stepping runs: growth no stable run allows stops the run, named.
+
+ts.run's ``growth_limit`` (Maxwell and advection runs pass it): y' = −50y with LSERK4 at
+λΔt = −10, outside the method's stability region (radius ≈ 5.6 on the negative axis), grows by
+|R(−10)| ≈ 160 a step; the run stops at the first chunk whose norm passes the limit, naming that
+step, with finite numbers; at λΔt = −2.5 (stable) the same run completes.
+"""
+
+import math
+
+import jax.numpy as jnp
+import pytest
+
+from jaxsem.solvers import timestepping as ts
+from jaxsem.solvers.stops import RunStopped, UnstableRunError
+
+
+def f(t, y):
+    return -50.0 * y
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_growth_past_the_limit_stops_the_run_naming_the_step(chunk):
+    r = abs(float(ts.stability_function("lserk4", -10.0)))
+    assert r > 100  # the premise: unstable
+    first = math.ceil(math.log(1e3) / math.log(r))  # the first step past the limit
+    with pytest.raises(UnstableRunError, match=r"norm relative to the start = [\d.e+]+ exceeds 1000 at step") as e:
+        ts.run(f, jnp.ones(3), 0.2, 100, growth_limit=1e3, options=ts.RunOptions(chunk_steps=chunk))
+    assert isinstance(e.value, RunStopped) and e.value.status == "unstable"
+    assert e.value.step == chunk * math.ceil(first / chunk)  # checked at chunk ends
+    assert math.isclose(e.value.t, 0.2 * e.value.step) and 1e3 < e.value.value < 1e3 * r ** chunk
+
+
+def test_a_stable_run_is_not_stopped():
+    y, info = ts.run(f, jnp.ones(3), 0.05, 40, growth_limit=1.0, options=ts.RunOptions(chunk_steps=4))
+    assert info.steps == 40 and float(jnp.max(jnp.abs(y))) < 1e-20
+
+
+def test_without_the_limit_an_unstable_run_ends_in_the_named_non_finite_step():
+    with pytest.raises(ts.NonFiniteError, match="at step") as e:
+        ts.run(f, jnp.ones(3), 0.2, 400, options=ts.RunOptions(chunk_steps=50))
+    assert e.value.status == "non_finite" and e.value.step > 100
+
+
+def test_tgv_peak_dissipation_is_reported_only_where_reached():
+    """A run that ends while ε still rises has no peak (None), not its last sample; one past it does."""
+    import numpy as np
+
+    from jaxsem.app.tgv import _compare
+    from jaxsem.models import navier_stokes as NS
+
+    t = np.linspace(0.0, 1.0, 6)
+
+    def series(eps):
+        z = np.zeros_like(t)
+        return NS.Series(t, 0.125 - 0.01 * t, np.asarray(eps, float), z, z, z, z, z, z, z, z)
+
+    rising = _compare(series([np.nan, 1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert rising["peak_dissipation"] is None and rising["peak_dissipation_time"] is None
+    hump = _compare(series([np.nan, 1.0, 3.0, 5.0, 4.0, 2.0]))
+    assert hump["peak_dissipation"] == 5.0 and hump["peak_dissipation_time"] == t[3]
+
+
+def test_progress_is_shown_by_default_on_a_terminal_or_in_a_notebook(monkeypatch, capsys):
+    """RunOptions' default progress is "auto": a bar on a terminal or in a Jupyter kernel, none in a
+    pipe (CI, this test); the bar says the first chunk's time (compilation) apart."""
+    import io
+    import sys
+
+    assert ts.RunOptions().progress == "auto"
+    assert ts._show_progress(True) and not ts._show_progress(False)
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert ts._show_progress("auto")
+    ts.run(f, jnp.ones(3), 0.01, 6, options=ts.RunOptions(chunk_steps=2))
+    assert "incl. compile" in err.getvalue()
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not ts._show_progress("auto")
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    assert ts._show_progress("auto")
+    with pytest.raises(TypeError, match="progress must be True, False or 'auto'"):
+        ts.RunOptions(progress="yes")
