@@ -20,6 +20,9 @@ MODULES = [
     ("jaxsem.mesh", "Meshes"),
     ("jaxsem.discretization.sem", "Continuous (SEM) discretization"),
     ("jaxsem.discretization.dg", "Discontinuous (DG) discretization"),
+    ("jaxsem.discretization.hierarchy", "Coarser orders of a discretization (p-multigrid levels)"),
+    ("jaxsem.elliptic", "The elliptic solve (Helmholtz, Poisson, pressure)"),
+    ("jaxsem.parallel", "Transports and launching"),
     ("jaxsem.models.poisson", "Poisson and the bake-off problems"),
     ("jaxsem.models.inverse", "Parameter studies"),
     ("jaxsem.models.navier_stokes", "Incompressible Navier–Stokes"),
@@ -29,8 +32,11 @@ MODULES = [
     ("jaxsem.solvers.pcg", "Conjugate gradients"),
     ("jaxsem.solvers.multigrid", "p-multigrid"),
     ("jaxsem.solvers.timestepping", "Time stepping"),
+    ("jaxsem.solvers.driver", "Long runs"),
     ("jaxsem.solvers.stops", "Why a run stopped"),
-    ("jaxsem.io", "Files"),
+    ("jaxsem.io.vtu", "Files for ParaView"),
+    ("jaxsem.io.checkpoint", "Checkpoints"),
+    ("jaxsem.io.atomic", "Files written atomically"),
 ]
 
 OUT = pathlib.Path(__file__).resolve().parent / "api.md"

@@ -16,10 +16,10 @@ where it runs and the einsum reference, same machine, same run). Reported per si
   or ``--bandwidth``): the ceiling is ``bytes_per_step / B`` seconds per step, and
   ``percent_of_ceiling = 100 · (bytes_per_step / seconds_per_step) / B``.
 
-    python experiments/advection_throughput.py                                  # CPU, seconds
-    python experiments/advection_throughput.py --orders 7 14 --min-points 4000 --max-points 1.7e7 \\
+    python -m experiments.advection_throughput                                  # CPU, seconds
+    python -m experiments.advection_throughput --orders 7 14 --min-points 4000 --max-points 1.7e7 \\
         --steps 50 --backend auto,einsum --out advection_throughput.json --plot  # a GPU
-    python experiments/advection_throughput.py --plot-only advection_throughput.json
+    python -m experiments.advection_throughput --plot-only advection_throughput.json
 """
 
 from __future__ import annotations
@@ -29,19 +29,16 @@ import json
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem.app import bench
 from jaxsem.backends import BACKENDS
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as adv
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from maxwell_throughput import element_grid, half_peak, time_steps  # noqa: E402  (same sizes and n_1/2 as the Maxwell study)
 
 STAGES = 5  # LSERK4
 INDEX_BYTES = 4  # nbr is int32
@@ -96,6 +93,9 @@ def flops_per_step(order: int, E: int, form: str = "split", flux: str = "upwind"
 
 
 def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend):
+    # imported here, not above: tests load this file by path for its models, outside the package
+    from experiments.common import element_grid, time_steps
+
     ne = element_grid(E)
     mesh = box_mesh(ne, order, lengths=tuple(float(v) for v in ne), periodic=(True, True, True))
     dg = discretize_dg(mesh, dtype=dtype, backend=backend)
@@ -103,7 +103,7 @@ def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend):
     x = dg.x
     u0 = (jnp.sin(2 * np.pi * x[0] / ne[0]) * jnp.cos(2 * np.pi * x[1] / ne[1])
           + jnp.sin(2 * np.pi * x[2] / ne[2])).astype(dtype)
-    seconds, compile_s, y = time_steps(adv.make_rhs(flux, None, form), u0, (dg, tr), dt, steps, repeats)
+    seconds, compile_s, y = time_steps(adv.make_rhs(flux, form), u0, (dg, tr), dt, steps, repeats)
     fused = dg.backend.name == "cuda" and dg.nbr is not None
     row = dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
                backend_requested=backend, backend=dg.backend.name, fused_rhs=fused,
@@ -125,6 +125,8 @@ def _backends(text: str) -> list[str]:
 
 
 def run(args):
+    from experiments.common import half_peak, record  # the Maxwell study's n_1/2
+
     dtype = jnp.dtype(args.dtype)
     info = bench.device_info()
     if args.bandwidth == "measure":
@@ -136,9 +138,7 @@ def run(args):
         source = "given: --bandwidth"
     print(f"device {info['device_kind']} ({info['platform']}), streaming bandwidth {bw / 1e9:.1f} GB/s",
           file=sys.stderr)
-    out = dict(experiment="advection_throughput", device=info["device_kind"], device_info=info,
-               jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-               command="python " + " ".join(sys.argv), bandwidth_bytes_per_second=bw, bandwidth_source=source,
+    out = dict(record("advection_throughput"), bandwidth_bytes_per_second=bw, bandwidth_source=source,
                flux=args.flux, form=args.form, dtype=args.dtype, velocity=list(adv.DEFAULT_VELOCITY),
                steps=args.steps, repeats=args.repeats, method="lserk4",
                work_model=WORK_MODEL, bytes_model=BYTES_MODEL, backends={})

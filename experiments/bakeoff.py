@@ -11,9 +11,9 @@ with the jitted functions of :mod:`jaxsem.app.bench`. The device's copy bandwidt
 is measured in the same run and every rate is also given as % of its
 bandwidth ceiling (bytes per DOF from :func:`jaxsem.app.bench.bytes_per_dof`).
 
-    python experiments/bakeoff.py --orders 1-15 --target-points 4e6 --out results/bakeoff_h100.json
-    python experiments/bakeoff.py --problems bp5 --backend auto --storage auto,local ...  # both storages
-    python experiments/bakeoff.py --plot results/bakeoff_h100.json    # PNG beside the JSON
+    python -m experiments.bakeoff --orders 1-15 --target-points 4e6 --out bakeoff.json
+    python -m experiments.bakeoff --problems bp5 --backend auto --storage auto,local ...  # both storages
+    python -m experiments.bakeoff --plot bakeoff.json    # PNG beside the JSON
 Default (CPU, seconds): orders 2 3, 1e4 points, problems bk5 bp5.
 """
 
@@ -23,15 +23,15 @@ import os
 import sys
 import time
 
-import jax
-import numpy as np
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem.app import bench
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.mesh.numbering import number_nodes
 from jaxsem.operators.bk import BK_SPECS
+
+from experiments.common import record
 
 
 def parse_orders(text):
@@ -51,13 +51,10 @@ def elements_for(order, target_points, max_per_axis):
 
 
 def run(args):
-    dev = jax.devices()[0]
     info = bench.device_info()
     bw = bench.measure_bandwidth()
     print(f"device {info}, copy bandwidth {bw/1e9:.0f} GB/s", file=sys.stderr)
-    result = dict(experiment="bakeoff", device=getattr(dev, "device_kind", dev.platform), device_info=info,
-                  jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                  command="python " + " ".join(sys.argv), bandwidth_bytes_per_second=bw,
+    result = dict(record("bakeoff"), bandwidth_bytes_per_second=bw,
                   target_points=args.target_points, rows=[])
     problems = args.problems.split(",")
     for order in parse_orders(args.orders):
@@ -168,7 +165,7 @@ def main(argv=None):
     ap.add_argument("--assembled-variants", default="",
                     help="assembled BP3-BP6 with the CUDA backend: time each variant V of the fused kernel "
                          "(Vp: L2 prefetch on), e.g. 2,4,6 for bk5a (BP5/6), 8,9,11 for stiffnessa (BP3/4)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="bakeoff.json", help="JSON output")
     ap.add_argument("--plot", default=None, help="plot an existing results JSON and exit")
     a = ap.parse_args(argv)
     if a.plot:

@@ -19,9 +19,9 @@ be one of ``jaxsem.backends.cuda.VARIANTS`` for the operator (others are skipped
 is chosen by setting the tuning table's entry while the call is traced, the path every call
 takes.
 
-    python experiments/cuda_kernels.py --out $OUT/cuda_kernels_h100.json
-    python experiments/cuda_kernels.py --impls cuda2,cuda4,cuda6,cuda8 --problems bk5,bk6 --orders 7
-    python experiments/cuda_kernels.py --plot-only cuda_kernels_h100.json   # the PNG again
+    python -m experiments.cuda_kernels --out cuda_kernels.json
+    python -m experiments.cuda_kernels --impls cuda2,cuda4,cuda6,cuda8 --problems bk5,bk6 --orders 7
+    python -m experiments.cuda_kernels --plot-only cuda_kernels.json   # the PNG again
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxsem
 from jaxsem import geometry
@@ -44,6 +42,8 @@ from jaxsem.app import bench
 from jaxsem.backends import cuda as ck
 from jaxsem.operators.mass import mass
 from jaxsem.operators.stiffness import stiffness, stiffness_gll
+
+from experiments.common import record
 
 PROBLEMS = {"bk1": ("mass", 1), "bk2": ("mass", 3), "bk3": ("stiffness", 1), "bk4": ("stiffness", 3),
             "bk5": ("gll", 1), "bk6": ("gll", 3)}
@@ -188,9 +188,7 @@ def main(argv=None):
     rng = lambda s: [int(x) for x in range(int(s.split("-")[0]), int(s.split("-")[1]) + 1)] if "-" in s \
         else [int(x) for x in s.split(",")]
     t_start = time.perf_counter()
-    dev = jax.devices()[0]
-    out = dict(device=str(getattr(dev, "device_kind", dev)), jax=jax.__version__, jaxsem=jaxsem.__version__,
-               command=" ".join(sys.argv), dtype=a.dtype, target_dofs=a.target_dofs, repeats=a.repeats,
+    out = dict(record("cuda_kernels"), dtype=a.dtype, target_dofs=a.target_dofs, repeats=a.repeats,
                inner=a.inner, rows=[])
     save = lambda: open(a.out, "w").write(json.dumps(out, indent=1))
     t0 = time.perf_counter()

@@ -10,10 +10,7 @@ its share of a step (5 stages × one exchange) is reported. Transports:
   when the MPI is not CUDA-aware);
 * ``shard``: one process, ``--devices P`` (shard_map + ppermute, NCCL on GPUs).
 
-Advection also takes ``--schedules bulk,overlap`` (see
-:func:`jaxsem.models.advection.rhs`): ``bulk`` exchanges, then computes;
-``overlap`` computes the local part while the face data travel. For the shard
-backend the script also reads the compiled program's schedule: for each
+For the shard transport the script also reads the compiled program's schedule: for each
 ``collective-permute-start``/``-done`` pair it counts the compute instructions
 (fusions, custom calls, ...) the compiler placed between them — work that can
 run while the message travels. That is the evidence the overlap happens, not
@@ -27,10 +24,10 @@ Work models (flops per step, n = E(N+1)³ points, 5 LSERK4 stages):
   flops (products with A, sums, 1/J, the 2N-storage update) and 12 per face
   point (flux, lift).
 
-    mpirun -n 2 python experiments/dg_scaling.py --model maxwell --transport mpi --sizes 4x4x4 --out m.json
-    python experiments/dg_scaling.py --model advection --transport shard --devices 2 --schedules bulk,overlap
-    python experiments/dg_scaling.py --model maxwell --devices 1,2,4 --order 7 --sizes 32x32x32 --backend einsum
-    python experiments/dg_scaling.py --plot a.json b.json ...     # PNG beside the first file
+    mpirun -n 2 python -m experiments.dg_scaling --model maxwell --transport mpi --sizes 4x4x4 --out m.json
+    python -m experiments.dg_scaling --model advection --transport shard --devices 2
+    python -m experiments.dg_scaling --model maxwell --devices 1,2,4 --order 7 --sizes 32x32x32 --backend einsum
+    python -m experiments.dg_scaling --plot a.json b.json ...     # PNG beside the first file
 Default (CPU, seconds): --order 3 --sizes 4x4x4 --steps 5.
 """
 
@@ -45,10 +42,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Results, _timeit, parse_sizes  # noqa: E402  (same sizes syntax and timing as the BP5 study)
+from experiments.common import Results, median_seconds, parse_sizes
 
 
 def flops_per_step(model, order, E):
@@ -119,25 +114,24 @@ def _setup(a, elements, comm=None, P=1):
     return mesh, dg, args, y0
 
 
-def _rhs(a, schedule):
+def _rhs(a):
     from jaxsem.models import advection as ad
     from jaxsem.models import maxwell as mx
 
     if a.model == "maxwell":
-        return mx.make_rhs("upwind", "pec", None, a.form)  # periodic mesh: no boundary faces
-    return ad.make_rhs("upwind", None, "split", schedule)
+        return mx.make_rhs("upwind", "pec", a.form)  # periodic mesh: no boundary faces
+    return ad.make_rhs("upwind", "split")
 
 
 def run(a):
     from jaxsem import timestepping as ts
-    from jaxsem.parallel.comm import get_comm
+    from jaxsem.parallel import get_comm
     from jaxsem.discretization.dg import face_exchange, faces
 
     comm = get_comm() if a.transport == "mpi" else None
     plist = [comm.size] if comm is not None else [int(v) for v in str(a.devices).split(",")]
     rank = comm.rank if comm is not None else 0
     rows = Results(a.out, "dg_scaling", write=rank == 0)
-    schedules = a.schedules.split(",") if a.model == "advection" else ["bulk"]
     for elements, P in ((e, P) for e in parse_sizes(a.sizes) for P in plist):
         t0 = time.perf_counter()
         mesh, dg, args, y0 = _setup(a, elements, comm, P)
@@ -154,39 +148,38 @@ def run(a):
 
         xloop = wrap(lambda d, y: jax.lax.fori_loop(
             0, reps, lambda i, v: face_exchange(d, v) * 0.5, faces(y.reshape((comps,) + y.shape[-4:]))))
-        t_x = _timeit(xloop, (dg, y0), a.repeats) / reps
-        for schedule in schedules:
-            f = _rhs(a, schedule)
-            steps = a.steps
+        t_x = median_seconds(xloop, (dg, y0), a.repeats) / reps
+        f = _rhs(a)
+        steps = a.steps
 
-            def loop(d, extra, y):
-                g = lambda t, v: f(t, v, (d, extra))
-                return jax.lax.fori_loop(0, steps, lambda i, v: ts.rk_step(g, i * dt, v, dt, "lserk4",
-                                                                          loop_stages=True), y)
+        def loop(d, extra, y):
+            g = lambda t, v: f(t, v, (d, extra))
+            return jax.lax.fori_loop(0, steps, lambda i, v: ts.rk_step(g, i * dt, v, dt, "lserk4",
+                                                                      loop_stages=True), y)
 
-            stepper = wrap(loop)
-            t_run = _timeit(stepper, (dg, args[1], y0), a.repeats)
-            y = stepper(dg, args[1], y0)
-            finite = bool(jnp.all(jnp.isfinite(y)))
-            evidence = None
-            if dg.comm.name == "shard" and P > 1:
-                evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
-            sps = t_run / steps
-            flops = flops_per_step(a.model, a.order, E)
-            row = dict(model=a.model, transport=dg.comm.name, backend=dg.backend.name,
-                       ranks=P, schedule=schedule, elements=list(elements),
-                       num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
-                       dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
-                       exchange_seconds=t_x, exchange_share=5 * t_x / sps, gflops=flops / sps / 1e9,
-                       flops_per_step=flops, setup_seconds=setup, finite=finite, schedule_evidence=evidence,
-                       xla_flags=os.environ.get("XLA_FLAGS", ""))
-            rows.append(row)
-            if rank == 0:
-                ev = "" if evidence is None else (f" permutes {evidence['pairs']}, with compute between "
-                                                  f"{evidence['overlapping_pairs']}")
-                print(f"{a.model} {dg.comm.name} {dg.backend.name} P={P} {schedule:7s} E={elements} n={n_pts:.3e} step "
-                      f"{sps * 1e3:8.3f} ms exch {t_x * 1e3:7.3f} ms ({100 * row['exchange_share']:4.1f}%) "
-                      f"{row['gflops']:7.1f} GF setup {setup:.0f}s{ev}", file=sys.stderr, flush=True)
+        stepper = wrap(loop)
+        t_run = median_seconds(stepper, (dg, args[1], y0), a.repeats)
+        y = stepper(dg, args[1], y0)
+        finite = bool(jnp.all(jnp.isfinite(y)))
+        evidence = None
+        if dg.comm.name == "shard" and P > 1:
+            evidence = schedule_evidence(stepper.lower(dg, args[1], y0).compile().as_text())
+        sps = t_run / steps
+        flops = flops_per_step(a.model, a.order, E)
+        row = dict(model=a.model, transport=dg.comm.name, backend=dg.backend.name,
+                   ranks=P, elements=list(elements),
+                   num_elements=E, order=a.order, points=n_pts, points_per_rank=n_pts / P,
+                   dofs=E * a.order**3 * comps, steps=steps, seconds_per_step=sps,
+                   exchange_seconds=t_x, exchange_share=5 * t_x / sps, gflops=flops / sps / 1e9,
+                   flops_per_step=flops, setup_seconds=setup, finite=finite, schedule_evidence=evidence,
+                   xla_flags=os.environ.get("XLA_FLAGS", ""))
+        rows.append(row)
+        if rank == 0:
+            ev = "" if evidence is None else (f" permutes {evidence['pairs']}, with compute between "
+                                              f"{evidence['overlapping_pairs']}")
+            print(f"{a.model} {dg.comm.name} {dg.backend.name} P={P} E={elements} n={n_pts:.3e} step "
+                  f"{sps * 1e3:8.3f} ms exch {t_x * 1e3:7.3f} ms ({100 * row['exchange_share']:4.1f}%) "
+                  f"{row['gflops']:7.1f} GF setup {setup:.0f}s{ev}", file=sys.stderr, flush=True)
         del dg, args, y0
     return rank, rows
 
@@ -206,8 +199,9 @@ def plot(paths):
     for ax, model in zip(axes[0], models):
         rs = [r for r in rows if r["model"] == model]
         tp = lambda r: r.get("transport", r.get("backend"))  # rows before the transport field: "backend"
-        for key in sorted({(tp(r), r["ranks"], r["schedule"]) for r in rs}):
-            sel = sorted((r for r in rs if (tp(r), r["ranks"], r["schedule"]) == key), key=lambda r: r["points"])
+        sched = lambda r: r.get("schedule", "")  # rows from before the exchange overlapped by itself
+        for key in sorted({(tp(r), r["ranks"], sched(r)) for r in rs}):
+            sel = sorted((r for r in rs if (tp(r), r["ranks"], sched(r)) == key), key=lambda r: r["points"])
             ax.plot([r["points_per_rank"] for r in sel], [r["gflops"] / r["ranks"] for r in sel], "o-",
                     label=f"{key[0]} P={key[1]} {key[2]}")
         ax.set_xscale("log")
@@ -232,20 +226,16 @@ def main(argv=None):
     ap.add_argument("--sizes", default="4x4x4", help="global element counts, e.g. 10x10x8,20x10x8")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--schedules", default="bulk", help="advection: comma list of bulk, overlap")
     ap.add_argument("--form", default="chain", choices=["chain", "split"], help="maxwell: curl form")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"],
                     help="discretize_dg's backend: the fused kernels (cuda; auto: where they run) or einsum")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="dg_scaling.json", help="JSON output, rewritten after each size")
     ap.add_argument("--plot", nargs="+", default=None)
     a = ap.parse_args(argv)
     if a.plot:
         print(plot(a.plot))
         return
-    for s in a.schedules.split(","):
-        if s not in ("bulk", "overlap"):
-            ap.error(f"argument --schedules: unknown schedule {s!r} (bulk, overlap)")
     if a.steps < 1 or a.repeats < 1 or a.order < 1:
         ap.error("argument --steps/--repeats/--order: must be >= 1")
     if a.dtype == "float64":

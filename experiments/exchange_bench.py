@@ -4,13 +4,12 @@ Diagnoses the distributed gather–scatter's transport (distributed issue, item 
 Each sample is a jitted ``fori_loop`` of ``--reps`` exchanges of a float64
 buffer of the given size (so launch overheads amortize); median over repeats.
 
-    mpirun -n 2 python experiments/exchange_bench.py --backend mpi --out mpi.json
-    python experiments/exchange_bench.py --backend shard --out shard.json   # one process, 2 devices
+    mpirun -n 2 python -m experiments.exchange_bench --backend mpi --out mpi.json
+    python -m experiments.exchange_bench --backend shard --out shard.json   # one process, 2 devices
 Extra ``--tag`` text is stored with the results (e.g. the MPI transport settings).
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -18,6 +17,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from experiments.common import record, write_json
 
 jax.config.update("jax_enable_x64", True)
 
@@ -90,23 +91,18 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="exchange_bench.json", help="JSON output")
     a = ap.parse_args(argv)
     fn = bench_mpi if a.backend == "mpi" else bench_shard
     rank, rows = fn(sizes_from(a.sizes), a.reps, a.repeats)
     if rank == 0:
-        dev = jax.devices()[0]
-        res = dict(experiment="exchange_bench", backend=a.backend, tag=a.tag,
-                   device=getattr(dev, "device_kind", dev.platform), jax_version=jax.__version__,
-                   command="python " + " ".join(sys.argv),
+        res = dict(record("exchange_bench"), backend=a.backend, tag=a.tag,
                    env={k: v for k, v in os.environ.items() if k.startswith(("OMPI_MCA", "UCX_", "NCCL_", "MPI4JAX"))},
                    rows=rows)
         for r in rows:
             print(f"{a.backend:5s} {a.tag:20s} {r['bytes']:>10d} B  {r['seconds']*1e6:10.1f} us  "
                   f"{r['bytes']/r['seconds']/1e9:7.2f} GB/s  ok={r['correct']}", file=sys.stderr)
-        if a.out:
-            with open(a.out, "w") as fh:
-                json.dump(res, fh, indent=1)
+        write_json(a.out, res)
 
 
 if __name__ == "__main__":

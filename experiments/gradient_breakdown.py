@@ -19,9 +19,9 @@ measurement; ``--hlo DIR`` also writes each program's optimized HLO there, and
 ``--trace DIR`` runs each program once more under ``jax.profiler.trace`` (a Perfetto
 trace per case: the time of each kernel in the reverse loop).
 
-    python experiments/gradient_breakdown.py                      # CPU: small, to check it runs
-    python experiments/gradient_breakdown.py --elements 8 16 --order 7 --steps 100 \\
-        --out experiments/results/gradient_breakdown_h100       # a GPU
+    python -m experiments.gradient_breakdown                      # CPU: small, to check it runs
+    python -m experiments.gradient_breakdown --elements 8 16 --order 7 --steps 100 \\
+        --out gradient_breakdown                          # a GPU
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from jaxsem import timestepping as ts
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
+
+from experiments.common import record
 
 jax.config.update("jax_enable_x64", True)
 
@@ -160,13 +162,11 @@ def main(argv=None):
                    "where its memory plan does not fit)")
     p.add_argument("--stages", default="auto", choices=("auto", "loop", "unrolled"),
                    help="integrate's stages argument")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default="gradient_breakdown", help="output prefix: PREFIX.json")
     p.add_argument("--hlo", default=None, help="folder for each program's optimized HLO text")
     p.add_argument("--trace", default=None, help="folder for a jax.profiler trace of each program")
     a = p.parse_args(argv)
-    res = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, jaxsem=jaxsem.__version__,
-               command="python experiments/gradient_breakdown.py " + " ".join(argv or __import__("sys").argv[1:]),
-               cases=[])
+    res = dict(record("gradient_breakdown"), cases=[])
     for E in a.elements:
         res["cases"].append(case(E, a.order, a.steps, a.backend, a.repeats, a.skip, a.hlo, a.trace, a.stages))
         if a.out:

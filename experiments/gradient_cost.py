@@ -31,10 +31,10 @@ measurement so that a crash keeps what was done) and, with ``--plot``,
 ``PREFIX.png`` (memory vs steps, log–log; the time ratios as bars). Nothing
 is caught: a failure stops the run with its traceback, after the partial JSON.
 
-    python experiments/gradient_cost.py                                   # CPU default: ~30 s (compiles)
-    python experiments/gradient_cost.py --poisson-elements 16 --poisson-order 7 \\
+    python -m experiments.gradient_cost                                   # CPU default: ~30 s (compiles)
+    python -m experiments.gradient_cost --poisson-elements 16 --poisson-order 7 \\
         --maxwell-elements 8 --maxwell-order 7 --steps 100 \\
-        --memory-steps 16 64 256 1024 4096 --out experiments/results/gradient_cost_h100 --plot   # a GPU
+        --memory-steps 16 64 256 1024 4096 --out gradient_cost --plot   # a GPU
 """
 
 from __future__ import annotations
@@ -50,13 +50,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem.app import bench
 from jaxsem import timestepping as ts
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
 from jaxsem.models import poisson
+
+from experiments.common import record
 
 jax.config.update("jax_enable_x64", True)
 
@@ -288,8 +290,8 @@ def parse(argv=None):
                    help="RK: step counts of the memory plan (default 16 128)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
     p.add_argument("--skip", nargs="*", default=[], choices=("pcg", "rk", "memory"), help="parts to skip")
-    p.add_argument("--out", default=None, help="output prefix: PREFIX.json (and PREFIX.png with --plot)")
-    p.add_argument("--plot", action="store_true", help="write PREFIX.png (needs --out)")
+    p.add_argument("--out", default="gradient_cost", help="output prefix: PREFIX.json (and PREFIX.png with --plot)")
+    p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write PREFIX.png (needs --out)")
     args = p.parse_args(argv)
     for name in ("poisson_elements", "poisson_order", "maxiter", "maxwell_elements", "maxwell_order", "steps",
                  "repeats"):
@@ -305,9 +307,7 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     dev = jax.devices()[0]
-    result = dict(experiment="gradient_cost", device=str(getattr(dev, "device_kind", dev)), backend=dev.platform,
-                  jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                  command="python " + " ".join(sys.argv), args=vars(args))
+    result = dict(record("gradient_cost"), backend=dev.platform, args=vars(args))
     note(f"device {result['device']} ({result['backend']}), jax {jax.__version__}")
 
     def save():

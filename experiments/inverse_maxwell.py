@@ -41,9 +41,9 @@ Defaults (4³ elements of order 3, 40 samples in T = 1, 40 steps; 1 % noise;
 0.9 % in every element, the misfit at the noise level
 (``experiments/results/inverse_maxwell.json``: ``eps_recovered``).
 
-    python experiments/inverse_maxwell.py                       # prints a summary
-    python experiments/inverse_maxwell.py --out experiments/results/inverse_maxwell
-    python experiments/inverse_maxwell.py --noise 0 --steps 30  # the inverse crime: 2.25 to round-off
+    python -m experiments.inverse_maxwell                       # prints a summary
+    python -m experiments.inverse_maxwell --out experiments/results/inverse_maxwell
+    python -m experiments.inverse_maxwell --noise 0 --steps 30  # the inverse crime: 2.25 to round-off
 """
 
 import argparse
@@ -58,12 +58,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem import inverse
 from jaxsem import timestepping as ts
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
+
+from experiments.common import record
 
 jax.config.update("jax_enable_x64", True)
 
@@ -148,7 +150,7 @@ def parse(argv=None):
                    help="reverse-mode chunks of integrate (Checkpointing.every): 'sqrt' (default), 'none' "
                         "or an int >= 1")
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
-    p.add_argument("--out", default=None, help="output prefix: write PREFIX.json and PREFIX.png")
+    p.add_argument("--out", default="inverse_maxwell", help="output prefix: write PREFIX.json and PREFIX.png")
     p.add_argument("--no-plot", action="store_true", help="with --out, skip the PNG")
     args = p.parse_args(argv)
     for name in ("elements", "order", "samples", "steps"):
@@ -242,12 +244,10 @@ def run(args):
     misfit_model_truth = J(jnp.full(nparam, math.log(args.eps_true)))  # noise + model error
     rel = np.abs(eps - args.eps_true) / args.eps_true
     result = dict(
-        experiment="inverse_maxwell",
+        **record("inverse_maxwell"),
         description="recover the permittivity of a dielectric inclusion (eps = eps_true in the elements inside "
                     "[0.25, 0.75]^3, 1 outside) in a PEC cavity from E at probe points over time",
-        device=str(jax.devices()[0].device_kind if hasattr(jax.devices()[0], "device_kind") else jax.devices()[0]),
-        jax_version=jax.__version__, optax_version=optax.__version__, jaxsem_version=jaxsem.__version__,
-        command="python " + " ".join(sys.argv), args=vars(args), model=info, data_model=data_info,
+        optax_version=optax.__version__, args=vars(args), model=info, data_model=data_info,
         probes=PROBES.tolist(), source=dict(center=list(SOURCE_CENTER), width=SOURCE_WIDTH),
         parameters=nparam, observations=int(data.size), noise_sigma=sigma,
         gradient_check=dict(directional_derivative=ad, central_difference=fd, relative_difference=fd_error),

@@ -33,8 +33,8 @@ on 2 CPU cores. β = 1e-4 was the best of {1e-5, 1e-4, 3e-4, 1e-3} for the
 field error at these settings (0.12, 0.07, 0.11, 0.23 relative to h_true − 1),
 and its final misfit sits at the noise level (discrepancy principle).
 
-    python experiments/inverse_poisson.py                 # default: < 1 min on a CPU
-    python experiments/inverse_poisson.py --noise 0 --beta 1e-6 --steps 200
+    python -m experiments.inverse_poisson                 # default: < 1 min on a CPU
+    python -m experiments.inverse_poisson --noise 0 --beta 1e-6 --steps 200
 """
 
 import argparse
@@ -48,11 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem import inverse
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
 from jaxsem.mesh.numbering import number_nodes
+
+from experiments.common import record
 
 CENTERS = np.array([[0.3, 0.3, 0.3], [0.7, 0.7, 0.3], [0.7, 0.3, 0.7], [0.3, 0.7, 0.7],
                     [0.5, 0.5, 0.5], [0.3, 0.5, 0.7], [0.7, 0.5, 0.3], [0.5, 0.3, 0.5]])
@@ -86,7 +88,7 @@ def parse(argv=None):
     p.add_argument("--tol", type=float, default=1e-10, help="PCG relative tolerance, forward and adjoint")
     p.add_argument("--maxiter", type=int, default=1000, help="PCG iteration cap")
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
-    p.add_argument("--out", default="experiments/results/inverse_poisson",
+    p.add_argument("--out", default="inverse_poisson",
                    help="output prefix: writes PREFIX.json and PREFIX.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return p.parse_args(argv)
@@ -181,12 +183,10 @@ def run(args):
     floor_grid = float(S["misfit"](inverse.grid_field(theta_star, xq), probes)[0])
     pert = lambda th: float(jnp.linalg.norm(th - theta_star) / jnp.linalg.norm(theta_star - 1.0))
     result = dict(
-        experiment="inverse_poisson",
+        **record("inverse_poisson"),
         description="recover h1 = 1 + 0.5 sin(pi x) sin(pi y) sin(pi z) from noisy interior observations "
                     "of -div(h1 grad u_k) = f_k, u_k = 0 on the boundary; h1 = trilinear(grid values theta)",
-        device=str(jax.devices()[0].device_kind if hasattr(jax.devices()[0], "device_kind") else jax.devices()[0]),
-        jax_version=jax.__version__, optax_version=optax.__version__, jaxsem_version=jaxsem.__version__,
-        command="python " + " ".join(sys.argv), args=vars(args),
+        optax_version=optax.__version__, args=vars(args),
         unknowns=int(sem.num_global), parameters=int(theta.size),
         runtime_seconds=runtime, setup_seconds=t_setup,
         initial_loss=hist[0]["loss"], final_loss=hist[-1]["loss"], final_misfit=hist[-1]["misfit"],

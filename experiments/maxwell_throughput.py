@@ -24,48 +24,33 @@ of unit-size affine elements: compile, warm up, then time ``--steps`` steps
 counts; ``--form split`` is jaxsem's energy-stable curved-element form (twice
 the reference derivatives).
 
-    python experiments/maxwell_throughput.py                                # CPU, seconds
-    python experiments/maxwell_throughput.py --orders 7 14 --max-points 4e7 --steps 200 \\
-        --out experiments/results/maxwell_throughput_h100.json --plot       # a GPU
-    python experiments/maxwell_throughput.py --plot-only experiments/results/maxwell_throughput_h100.json
+    python -m experiments.maxwell_throughput                                # CPU, seconds
+    python -m experiments.maxwell_throughput --orders 7 14 --max-points 4e7 --steps 200 \\
+        --out maxwell_throughput.json --plot       # a GPU
+    python -m experiments.maxwell_throughput --plot-only maxwell_throughput.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
-import time
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-import jaxsem
+import jaxsem  # noqa: F401  (float64 on)
 from jaxsem.app import bench
-from jaxsem import timestepping as ts
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
 from jaxsem.models import maxwell as mx
+
+from experiments.common import element_grid, half_peak, record, time_steps
 
 PAPER = {  # Otten et al. 2016, single K20X GPU, Fig. 7
     7: dict(peak_gflops=28.0, n_half=33308),
     14: dict(peak_gflops=48.0, n_half=34525),
 }
-
-
-def element_grid(E: int):
-    """Factor E = 2^k into a near-cubic (Ex, Ey, Ez), x fastest-growing."""
-    k = int(round(math.log2(E)))
-    if 2**k != E:
-        raise ValueError(f"element counts must be powers of 2, got {E}")
-    dims = [1, 1, 1]
-    for i in range(k):
-        dims[i % 3] *= 2
-    return tuple(dims)
 
 
 def bytes_per_step(order: int, E: int, form: str = "chain", stages: int = 5, word: int = 8) -> dict:
@@ -87,48 +72,17 @@ def bytes_per_step(order: int, E: int, form: str = "chain", stages: int = 5, wor
     return parts
 
 
-def half_peak(ns, rates):
-    """Smallest n where the rate reaches half the maximum (log-linear interpolation)."""
-    ns, rates = np.asarray(ns, float), np.asarray(rates, float)
-    half = rates.max() / 2
-    for i, r in enumerate(rates):
-        if r >= half:
-            if i == 0:
-                return float(ns[0])
-            x0, x1 = math.log(ns[i - 1]), math.log(ns[i])
-            f = (half - rates[i - 1]) / (r - rates[i - 1])
-            return float(math.exp(x0 + f * (x1 - x0)))
-    return None
-
-
 def time_size(order, E, steps, repeats, flux, form, dtype, dt, backend="auto"):
     ne = element_grid(E)
     mesh = box_mesh(ne, order, lengths=tuple(float(v) for v in ne), periodic=(True, True, True))
     dg = discretize_dg(mesh, dtype=dtype, backend=backend)
     mat = mx.material(dg)
     q0 = mx.plane_wave(dg.x, 0.0, lengths=mesh.lengths, wavenumber=(1, 1, 1)).astype(dtype)
-    seconds, compile_s, y = time_steps(mx.make_rhs(flux, "pec", None, form), q0, (dg, mat), dt, steps, repeats)
+    seconds, compile_s, y = time_steps(mx.make_rhs(flux, "pec", form), q0, (dg, mat), dt, steps, repeats)
     finite = bool(jnp.all(jnp.isfinite(y)))
     return dict(elements=list(ne), num_elements=E, n=E * (order + 1) ** 3, dofs=E * order**3,
                 backend=dg.backend.name, fused_rhs=dg.backend.name == "cuda" and form == "chain",
                 seconds_per_step=seconds, compile_seconds=compile_s, finite=finite)
-
-
-def time_steps(f, y0, args, dt, steps, repeats):
-    """LSERK4 steps of ``f(t, y, args)`` (:func:`jaxsem.timestepping.advance_fn`), compiled and
-    warmed up by one step first: ``(median seconds per step over repeats, compile seconds, y)``."""
-    advance = ts.advance_fn(f, "lserk4")
-    t0, dtj = jnp.asarray(0.0, y0.dtype), jnp.asarray(dt, y0.dtype)
-    run = lambda y, count: advance(y, args, t0, dtj, jnp.asarray(0), jnp.asarray(count))
-    tic = time.perf_counter()
-    jax.block_until_ready(run(y0, 1))  # compile + warm-up
-    compile_s = time.perf_counter() - tic
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        y = jax.block_until_ready(run(y0, steps))
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times) / steps, compile_s, y
 
 
 def run(args):
@@ -141,9 +95,7 @@ def run(args):
         bw = float(args.bandwidth) * 1e9
     print(f"device {info['device_kind']} ({info['platform']}), streaming bandwidth {bw / 1e9:.1f} GB/s",
           file=sys.stderr)
-    out = dict(experiment="maxwell_throughput", reproduces="Otten et al. 2016, Fig. 7 (and 5a/6a)",
-               device=info["device_kind"], device_info=info, jax_version=jax.__version__,
-               jaxsem_version=jaxsem.__version__, command="python " + " ".join(sys.argv),
+    out = dict(record("maxwell_throughput"), reproduces="Otten et al. 2016, Fig. 7 (and 5a/6a)",
                bandwidth_bytes_per_second=bw, flux=args.flux, form=args.form, dtype=args.dtype, backend=args.backend,
                steps=args.steps, repeats=args.repeats, method="lserk4",
                work_model="[180(N+1)+420]*n flops per step, n = E(N+1)^3", orders={})
@@ -237,7 +189,7 @@ def main(argv=None):
                    help="memory bandwidth in GB/s for the ceiling, or 'measure' (default)")
     p.add_argument("--out", default="maxwell_throughput.json",
                    help="JSON output path (default ./maxwell_throughput.json)")
-    p.add_argument("--plot", action="store_true", help="also write a PNG beside the JSON")
+    p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="also write a PNG beside the JSON")
     p.add_argument("--plot-only", metavar="JSON", help="only plot an existing result file")
     args = p.parse_args(argv)
     if args.plot_only:

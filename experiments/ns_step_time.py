@@ -10,23 +10,21 @@ the velocity, its neighbour exchange included (a jitted loop of 20). Transports 
 strong-scaling η = t₁/(P·t_P) from them with
 ``scaling.efficiencies(rows, size="points", per_rank="points_per_rank", time="ms_per_step")``.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python experiments/ns_step_time.py \\
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m experiments.ns_step_time \\
         --order 3 --elements 4 --steps 5 --devices 1,2                 # a CPU, a minute
-    mpirun -n 2 python experiments/ns_step_time.py --order 3 --elements 4 --steps 5 \\
+    mpirun -n 2 python -m experiments.ns_step_time --order 3 --elements 4 --steps 5 \\
         --transport mpi                                                # a CPU, one process per device
-    NCCL_NVLS_ENABLE=0 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+    NCCL_NVLS_ENABLE=0 python -m experiments.ns_step_time --order 7 --elements 16 32 --steps 100 \\
         --devices 1,2 --out ns_shard.json                              # 2 GPUs, one process
-    NCCL_NVLS_ENABLE=0 mpirun -n 2 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+    NCCL_NVLS_ENABLE=0 mpirun -n 2 python -m experiments.ns_step_time --order 7 --elements 16 32 --steps 100 \\
         --devices 2 --out ns_multi.json                                # 2 GPUs, one process each, one device mesh
-    mpirun -n 2 python experiments/ns_step_time.py --order 7 --elements 16 32 --steps 100 \\
+    mpirun -n 2 python -m experiments.ns_step_time --order 7 --elements 16 32 --steps 100 \\
         --transport mpi --out ns_mpi.json                              # 2 GPUs, mpi4jax
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import jax
@@ -35,10 +33,10 @@ import numpy as np
 
 import jaxsem as js
 from jaxsem.models import flows
+from jaxsem.elliptic import solve_local
 from jaxsem.models import navier_stokes as NS
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scaling import Placements, Results, add_transport_args, collective_of  # noqa: E402
+from experiments.common import Placements, Results, add_transport_args
 
 
 def _time(fn, *args, repeats=3):
@@ -60,10 +58,10 @@ def case(mesh, K, dt, steps, backend, where):
     many = jax.jit(lambda ns, st: jax.lax.fori_loop(0, steps, lambda i, x: NS.step(ns, x)[0], st))
     t_step = _time(many, ns, st, repeats=2) / steps
     _, info = jax.jit(NS.step)(ns, st)
-    conv = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS._convection(ns_, s_, u_), ns, u))
+    conv = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))
     t_conv = _time(conv, ns, st.u)
     curlcurl = jax.jit(lambda ns, u: ns.sem.local_map(
-        lambda s_, ns_, u_: NS._curl(ns_, s_, NS._curl(ns_, s_, u_)), ns, u))
+        lambda s_, ns_, u_: NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, u_)), ns, u))
     t_cc = _time(curlcurl, ns, st.u)
     reps = 20
     gs_loop = jax.jit(lambda ns, u: ns.sem.local_map(
@@ -74,21 +72,21 @@ def case(mesh, K, dt, steps, backend, where):
     beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
 
     def rhs(s_, ns_, st_):
-        F = jnp.concatenate([NS._convection(ns_, s_, st_.U[0])[None], st_.F[:-1]])
+        F = jnp.concatenate([NS.scheme._convection(ns_, s_, st_.U[0])[None], st_.F[:-1]])
         Ub, Fx, ux = jnp.tensordot(beta[1:], st_.U, 1) / ns_.dt, jnp.tensordot(a, F, 1), jnp.tensordot(a, st_.U, 1)
-        R = Ub + Fx - ns_.nu * NS._curl(ns_, s_, NS._curl(ns_, s_, ux))
-        return s_.dssum(NS._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux
+        R = Ub + Fx - ns_.nu * NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, ux))
+        return s_.dssum(NS.scheme._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux
 
     bp, bv, x0 = jax.jit(lambda ns, st: ns.sem.local_map(rhs, ns, st))(ns, st)
-    psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS._pressure_solve(ns_, b_, p_),
+    psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS.scheme._pressure_solve(ns_, b_, p_),
                                                         ns, b, p0))
     vsolve = jax.jit(lambda ns, b, x: ns.sem.local_map(
-        lambda s_, ns_, b_, x_: NS._velocity_solve(ns_, b_, x_, h2), ns, b, x))
+        lambda s_, ns_, b_, x_: solve_local(NS.scheme._velocity(ns_, h2), b_, x0=x_, tol=ns_.options.velocity_tol, maxiter=ns_.options.velocity_maxiter), ns, b, x))
     t_p = _time(psolve, ns, bp, st.p)
     t_v = _time(vsolve, ns, bv, x0)
     pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
     p = mesh.order
-    return dict(transport=ns.sem.comm.name, collective=collective_of(ns.sem), backend=ns.sem.backend.name, elements=K, order=p,
+    return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
                 points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
                 convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
                 pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
@@ -112,7 +110,7 @@ def main(argv=None):
     rows = Results(a.out, "ns_step_time", write=rank == 0)
     for K in a.elements:
         mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
-        for P, where in ((P, w) for P in counts for w in at.wheres(P)):
+        for P, where in ((P, at.where(P)) for P in counts):
             r = case(mesh, K, a.dt, a.steps, a.backend, where)
             r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
             rows.append(r)

@@ -9,9 +9,9 @@ tol 1e-14) needs 114 iterations at p = 4, 192 at p = 6, 282 at p = 8; NekRS's pM
 coarse solve and one operator application on the finest level (a V-cycle's cost in
 operator applications, BK5-equivalents for BP5).
 
-    python experiments/pmg_iterations.py                                  # seconds on a CPU
-    python experiments/pmg_iterations.py --orders 2 3 4 5 6 7 8 --elements 4 --tols 1e-8 1e-10
-    python experiments/pmg_iterations.py --orders 7 --elements 4 8 16 32 --no-jacobi --cost   # a GPU
+    python -m experiments.pmg_iterations                                  # seconds on a CPU
+    python -m experiments.pmg_iterations --orders 2 3 4 5 6 7 8 --elements 4 --tols 1e-8 1e-10
+    python -m experiments.pmg_iterations --orders 7 --elements 4 8 16 32 --no-jacobi --cost   # a GPU
 
 Writes ``--out`` (JSON) and a PNG of iterations against p beside it.
 """
@@ -22,7 +22,6 @@ import argparse
 import json
 import pathlib
 import subprocess
-import sys
 import time
 
 import jax
@@ -32,6 +31,8 @@ import jaxsem
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 from jaxsem.solvers import chebyshev, multigrid
+
+from experiments.common import record
 
 
 def _solver(tol: float, method: str, maxiter: int):
@@ -80,10 +81,10 @@ def run_case(bp, K, p, args) -> dict:
     options = multigrid.PMGOptions(degree=args.degree, coarse_reduction=args.coarse_reduction,
                                    dtype=args.cycle_dtype)
     t = time.perf_counter()
-    pmg = jax.block_until_ready(poisson.pmg(sem, mesh, options=options))
+    pmg = jax.block_until_ready(poisson.pmg(sem, options=options))
     setup_cold = time.perf_counter() - t
     t = time.perf_counter()
-    jax.block_until_ready(poisson.pmg(sem, mesh, options=options))
+    jax.block_until_ready(poisson.pmg(sem, options=options))
     setup_warm = time.perf_counter() - t
     row = dict(bp=bp, backend=sem.backend.name, elements=K, order=p, dofs=K**3 * p**3, orders=list(pmg.orders), coarse_steps=pmg.coarse_steps,
                rho=[float(lv.rho) for lv in pmg.levels], coarse_lmin=float(pmg.levels[-1].lmin),
@@ -176,8 +177,7 @@ def main(argv=None):
     except OSError:
         rev = None
     dev = jax.devices()[0]
-    res = dict(experiment="pmg_iterations", device=dev.platform, device_kind=dev.device_kind,
-               jax_version=jax.__version__, jaxsem_commit=rev, command="python " + " ".join(sys.argv),
+    res = dict(record("pmg_iterations"), platform=dev.platform, jaxsem_commit=rev,
                deform=args.deform, degree=args.degree, method=args.method, dtype=args.dtype,
                cycle_dtype=args.cycle_dtype or args.dtype, rows=rows)
     out = pathlib.Path(args.out)

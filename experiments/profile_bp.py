@@ -6,10 +6,13 @@ The solve is compiled and run once outside the range; the second run sits betwee
 ``cuProfilerStart``/``cuProfilerStop`` (driver API, through ctypes), so with
 ``ncu --profile-from-start off`` only its kernels are profiled:
 
-    ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
-        python experiments/profile_bp.py --problem bp6 --order 7 --elements 36 --iterations 2
+    python -m experiments.profile_bp                      # a CPU, seconds: BP6, p = 3, 4³ elements
+    ncu --profile-from-start off --clock-control none --csv --metrics gpu__time_duration.sum,\\
+dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
+        python -m experiments.profile_bp --problem bp6 --order 7 --elements 36 --iterations 2
 
-Without ncu it runs the same and prints the time per iteration.
+Without ncu it runs the same; either way it writes the time of the profiled run to ``--out``
+(ncu's kernel table is its own output; docs/performance.md cites it).
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ from jaxsem.app import bench
 from jaxsem.mesh import box_mesh
 from jaxsem.models import poisson
 
+from experiments.common import record, write_json
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problem", default="bp6", help="bp1 … bp6")
-    ap.add_argument("--order", type=int, default=7)
-    ap.add_argument("--elements", type=int, default=36, help="elements per axis")
+    ap.add_argument("--order", type=int, default=3)
+    ap.add_argument("--elements", type=int, default=4, help="elements per axis")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"], help="element kernels")
+    ap.add_argument("--out", default="profile_bp.json", help="JSON output")
     a = ap.parse_args(argv)
     kind, spec = bench.check_problem(a.problem)
     if kind != "bp":
@@ -54,6 +60,9 @@ def main(argv=None):
         cuda.cuProfilerStop()
     print(f"{a.problem} p={a.order} E={a.elements}^3 backend={sem.backend.name}: {a.iterations} iterations in "
           f"{dt * 1e3:.2f} ms (profiled run; with setup of the loop)")
+    write_json(a.out, dict(record("profile_bp"), problem=a.problem, order=a.order, elements=a.elements,
+                           backend=sem.backend.name, iterations=a.iterations, profiled_seconds=dt,
+                           profiled=cuda is not None))
 
 
 if __name__ == "__main__":

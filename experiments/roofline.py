@@ -16,9 +16,9 @@ says so in the JSON; the JSON is rewritten after every measurement):
   4. the other ``--sizes`` at the sweep order (DOFs/s vs points per device).
 
     # GPU (≈ 7 min with the guard):
-    python experiments/roofline.py --orders 1-15 --sizes 1e5,1e6,4e6,1.6e7 \\
-        --budget-seconds 400 --out experiments/results/roofline_h100.json
-    python experiments/roofline.py --plot-only experiments/results/roofline_h100.json
+    python -m experiments.roofline --orders 1-15 --sizes 1e5,1e6,4e6,1.6e7 \\
+        --budget-seconds 400 --out roofline.json
+    python -m experiments.roofline --plot-only roofline.json
 Default (CPU, < 1 min): p = 2, 2·10³ points, 10 PCG iterations, all 12 problems.
 Writes ``OUT`` (JSON) and ``OUT_order.png``, ``OUT_size.png`` beside it.
 """

@@ -9,9 +9,9 @@ Transports: ``mpi`` (run under ``mpirun -n P``; mpi4jax sendrecv/allreduce) and
 ``shard`` (``--devices P`` of one process, or every process's devices when started by
 ``mpirun``/``srun``: JAX's own runtime, NCCL on GPUs).
 
-    mpirun -n 2 python experiments/scaling.py --transport mpi --sizes 16x16x16,32x32x16 --out r.json
-    python experiments/scaling.py --transport shard --devices 1,2 --sizes 16x16x16 --out s.json
-    python experiments/scaling.py --plot r1.json r2.json ...   # efficiency plots, PNG beside the first
+    mpirun -n 2 python -m experiments.scaling --transport mpi --sizes 16x16x16,32x32x16 --out r.json
+    python -m experiments.scaling --transport shard --devices 1,2 --sizes 16x16x16 --out s.json
+    python -m experiments.scaling --plot r1.json r2.json ...   # efficiency plots, PNG beside the first
 Default (CPU, seconds): --order 3 --sizes 4x4x4.
 Efficiencies (computed by --plot from runs with P = 1 and P = 2): strong
 η = t₁/(P·t_P) at equal global size; weak η = t₁/t_P at equal size per rank;
@@ -21,105 +21,13 @@ n₀.₈ from the fit t(n) = t₀ + n/R∞ of the per-rank time per iteration.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import jax
 import numpy as np
 
-
-def parse_sizes(text):
-    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-
-
-class Results(list):
-    """Rows that are written to ``path`` (JSON) after every append, so a run stopped by a time
-    limit keeps the sizes it finished. Rank 0 writes; ``path=None`` keeps them in memory."""
-
-    def __init__(self, path, experiment, write=True):
-        super().__init__()
-        self.path, self.experiment, self.write = path, experiment, write
-
-    def append(self, row):
-        super().append(row)
-        if self.path and self.write:
-            import jaxsem
-
-            dev = jax.devices()[0]
-            with open(self.path, "w") as fh:
-                json.dump(dict(experiment=self.experiment, device=getattr(dev, "device_kind", dev.platform),
-                               jax_version=jax.__version__, jaxsem_version=jaxsem.__version__,
-                               command=_launch() + "python " + " ".join(sys.argv), rows=list(self)), fh, indent=1)
-
-
-def _launch() -> str:
-    """``"mpirun -n P "`` when an MPI launcher started P processes, else ``""`` (for the JSON's command)."""
-    from jaxsem.parallel.comm import launcher_size
-
-    n = launcher_size()
-    return f"mpirun -n {n} " if n and n > 1 else ""
-
-
-def _timeit(fn, args, repeats):
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def add_transport_args(ap):
-    """``--transport`` and ``--devices``, the same for every scaling script."""
-    ap.add_argument("--transport", choices=["mpi", "shard"], default="shard",
-                    help="mpi: one process per device under mpirun (mpi4jax); shard: JAX's own runtime over "
-                         "--devices of this process, or of all processes started by mpirun/srun")
-    ap.add_argument("--devices", default="1", help="shard transport: device counts, e.g. 1,2,4")
-    ap.add_argument("--collective", default="auto",
-                    help="shard transport, P > 1: the exchange's collective(s), each run in turn: "
-                         "auto, ppermute, all_to_all, e.g. ppermute,all_to_all")
-
-
-class Placements:
-    """Where each run goes, from ``--transport``/``--devices``: ``counts`` (device counts P),
-    ``rank`` and ``processes`` of this process, and :meth:`where` (the ``discretize`` keywords for
-    P). Under mpirun with the shard transport every process joins one device mesh
-    (``init_distributed``); ``ap.error`` if a count is smaller than the processes."""
-
-    def __init__(self, a, ap):
-        from jaxsem.parallel.comm import COLLECTIVES, get_comm, init_distributed
-
-        self.collectives = str(getattr(a, "collective", "auto")).split(",")
-        for c in self.collectives:
-            if c not in COLLECTIVES:
-                ap.error(f"--collective: {c!r} is not one of {', '.join(COLLECTIVES)}")
-        if a.transport == "shard":
-            init_distributed()
-            self.comm, self.counts = None, [int(v) for v in str(a.devices).split(",")]
-            self.rank, self.processes = jax.process_index(), jax.process_count()
-            if min(self.counts) < self.processes:
-                ap.error(f"--devices: {self.processes} processes share one device mesh of at least "
-                         f"{self.processes} devices")
-        else:
-            self.comm = get_comm()
-            self.counts, self.rank, self.processes = [self.comm.size], self.comm.rank, self.comm.size
-
-    def where(self, P: int) -> dict:
-        return dict(comm=self.comm) if self.comm is not None else dict(devices=P if P > 1 else None)
-
-    def wheres(self, P: int) -> list:
-        """:meth:`where` once per ``--collective`` (once where P = 1 or MPI: no collective to choose;
-        once where P = 2: two devices exchange in one round, which is a ``ppermute`` either way)."""
-        if self.comm is not None or P == 1:
-            return [self.where(P)]
-        return [dict(self.where(P), collective=c) for c in (self.collectives if P > 2 else self.collectives[:1])]
-
-
-def collective_of(disc):
-    """The sharded exchange's collective of ``disc`` (None for serial and MPI)."""
-    return getattr(disc.comm, "collective", None) if disc.comm.name == "shard" and disc.comm.size > 1 else None
+from experiments.common import (Placements, Results, add_transport_args, median_seconds, parse_sizes)
 
 
 def run(a, ap):
@@ -142,28 +50,28 @@ def run(a, ap):
     for elements in parse_sizes(a.sizes):
         mesh = box_mesh(elements, a.order, deform=0.1)
         numbering = number_nodes(mesh)  # shared by every device count
-        for P, where in ((P, w) for P in counts for w in at.wheres(P)):
+        for P, where in ((P, at.where(P)) for P in counts):
             t0 = time.perf_counter()
             sem = discretize(mesh, "gll", True, backend=a.backend, numbering=numbering, **where)
             b = poisson.load(sem, f)
             jax.block_until_ready((sem, b))
             setup = time.perf_counter() - t0
-            t_solve = _timeit(solve, (sem, b), a.repeats)
-            t_gs = _timeit(gs_loop, (sem, b), a.repeats) / reps
-            t_ax = _timeit(ax_loop, (sem, b), a.repeats) / reps
+            t_solve = median_seconds(solve, (sem, b), a.repeats)
+            t_gs = median_seconds(gs_loop, (sem, b), a.repeats) / reps
+            t_ax = median_seconds(ax_loop, (sem, b), a.repeats) / reps
             info = solve(sem, b)[1]
             n_it = int(info.iterations)
             E = int(np.prod(elements))
             dofs = E * a.order**3
             ranks = P if comm is None else comm.size
-            row = dict(transport=sem.comm.name, collective=collective_of(sem), backend=sem.backend.name, ranks=ranks, processes=jax.process_count(),
+            row = dict(transport=sem.comm.name, backend=sem.backend.name, ranks=ranks, processes=jax.process_count(),
                        elements=list(elements), num_elements=E, order=a.order, dofs=dofs, dofs_per_rank=dofs / ranks,
                        iterations=n_it, seconds=t_solve, seconds_per_iteration=t_solve / n_it, gs_seconds=t_gs,
                        ax_seconds=t_ax, gs_share=t_gs / (t_solve / n_it), dofs_per_second=dofs * n_it / t_solve,
                        setup_seconds=setup, residual=float(info.residual) / float(info.residual0))
             rows.append(row)
             if rank == 0:
-                print(f"{row['transport']} {row['collective'] or ''} P={ranks} E={elements} n={dofs:.3e} "
+                print(f"{row['transport']} P={ranks} E={elements} n={dofs:.3e} "
                       f"iter {row['seconds_per_iteration']*1e3:8.3f} ms gs {t_gs*1e3:7.3f} ms "
                       f"({100*row['gs_share']:4.1f}%) ax {t_ax*1e3:7.3f} ms {row['dofs_per_second']/1e9:6.2f} GDOF/s "
                       f"setup {setup:.0f}s", file=sys.stderr, flush=True)
@@ -272,7 +180,7 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", choices=["auto", "einsum", "cuda"],
                     help="element kernels (auto: CUDA on GPUs, einsum elsewhere)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="scaling.json", help="JSON output, rewritten after each size")
     ap.add_argument("--plot", nargs="+", default=None)
     a = ap.parse_args(argv)
     if a.plot:

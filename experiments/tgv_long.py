@@ -6,9 +6,9 @@ run stopped by a time limit keeps what it computed; ``--wall-limit`` stops it be
 with the state saved, and ``--resume`` goes on from there (the same bits as one run). The same
 arithmetic as one ``jaxsem solve tgv`` run.
 
-    python experiments/tgv_long.py --order 3 --elements 4 --t-final 0.4 --dt 0.02 --segment 0.2   # CPU
-    python experiments/tgv_long.py --order 7 --elements 32 --t-final 10 --dt 2e-3 --out tgv32    # one GPU
-    python experiments/tgv_long.py --order 7 --elements 32 --t-final 20 --dt 2e-3 --devices 2 --out tgv32x2 \
+    python -m experiments.tgv_long --order 3 --elements 4 --t-final 0.4 --dt 0.02 --segment 0.2   # CPU
+    python -m experiments.tgv_long --order 7 --elements 32 --t-final 10 --dt 2e-3 --out tgv32    # one GPU
+    python -m experiments.tgv_long --order 7 --elements 32 --t-final 20 --dt 2e-3 --devices 2 --out tgv32x2 \
         --wall-limit 560                                   # then the same with --resume, to go on
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import jax
@@ -26,7 +25,9 @@ import numpy as np
 import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
-from jaxsem.solvers import timestepping as ts
+
+from experiments.common import record
+from jaxsem.io import load_checkpoint, save_checkpoint, tree_fields, tree_from_fields
 
 
 def main(argv=None):
@@ -51,16 +52,16 @@ def main(argv=None):
     tic = time.perf_counter()
     ns = NS.setup(mesh, nu=1 / 1600, dt=a.dt, devices=a.devices if a.devices > 1 else None)
     st = NS.initial_state(ns, flows.taylor_green().velocity)
-    rec = dict(experiment="tgv_long", device=jax.devices()[0].device_kind, jax_version=jax.__version__,
-               command="python " + " ".join(sys.argv), order=a.order, elements=K, dt=a.dt, reynolds=1600,
-               devices=a.devices, collective=getattr(ns.sem.comm, "collective", None) if a.devices > 1 else None,
+    rec = dict(record("tgv_long"), order=a.order, elements=K, dt=a.dt, reynolds=1600,
+               devices=a.devices,
                setup_seconds=time.perf_counter() - tic, segments=[], series={})
     names = NS.Series._fields
     rows = None
     first = 0
     state_path, json_path = os.path.join(a.out, "state.npz"), os.path.join(a.out, "tgv.json")
     if a.resume:  # the state where the last run stopped, placed like the fresh one, and its series
-        saved, t_saved, _, _ = ts.load_checkpoint(state_path, st)
+        ck = load_checkpoint(state_path, tree_fields("state", st))
+        saved, t_saved = tree_from_fields("state", st, ck.fields), ck.t
         st = jax.tree.map(lambda v, like: jax.device_put(v, like.sharding), saved, st)
         old = json.load(open(json_path))
         rec.update(segments=old["segments"], resumed=old.get("resumed", []) + [t_saved])
@@ -78,7 +79,7 @@ def main(argv=None):
         print(f"t = {t1:g}: {info.steps} steps, {info.seconds:.1f} s, E_k {rows[-1, 1]:.6f}, "
               f"eps {rows[-1, 2]:.6f}, p its {rows[-1, 6]:.0f}", flush=True)
         if a.wall_limit and i + 1 < n_seg and time.perf_counter() - start + 1.3 * info.seconds > a.wall_limit:
-            ts.save_checkpoint(state_path, st, t1, int(st.step))
+            save_checkpoint(state_path, tree_fields("state", st), t1, int(st.step))
             print(f"stopped at t = {t1:g} for the wall limit; the state is in {state_path}", flush=True)
             return
 

@@ -2,14 +2,13 @@
 
 Importing jaxsem enables float64 (``jax_enable_x64``): verification runs in
 double precision by default; pass ``dtype=jnp.float32`` to ``discretize`` for
-single precision.
+single precision. Importing jaxsem changes no environment variable: under
+``mpirun``, call :func:`jaxsem.parallel.bind_local_device` first thing (one GPU per
+process) before JAX picks its devices.
 """
 
 import jax as _jax
 
-from .parallel.comm import bind_local_device as _bind_local_device
-
-_bind_local_device()  # under mpirun: one GPU per process, before JAX picks devices
 _jax.config.update("jax_enable_x64", True)
 
 from . import core, mesh, operators, solvers  # noqa: E402
@@ -22,6 +21,8 @@ from .discretization import SEM, discretize, DG, discretize_dg, GatherScatter, m
 from .discretization import to_mesh_order, from_mesh_order  # noqa: E402
 from .discretization import dg  # noqa: E402
 from .solvers import PCGInfo, pcg, timestepping  # noqa: E402
+from . import elliptic  # noqa: E402
+from .elliptic import Helmholtz, helmholtz  # noqa: E402
 from .models import poisson, maxwell, inverse  # noqa: E402
 from . import io  # noqa: E402
 from .io import write_vtu  # noqa: E402

@@ -15,7 +15,7 @@ jax.config.update("jax_enable_x64", True)
 
 import pytest  # noqa: E402
 
-from jaxsem.parallel.comm import launcher_size  # noqa: E402
+from jaxsem.parallel.launch import launcher_size  # noqa: E402
 
 _MPI_DIR = pathlib.Path(__file__).resolve().parent / "mpi"
 

@@ -3,11 +3,11 @@
     mpirun -n 2 python tests/distributed_check.py
 
 Each process forces 2 CPU devices (XLA_FLAGS, set before jax is imported), joins
-the others through :func:`jaxsem.parallel.comm.init_distributed` (rank and
+the others through :func:`jaxsem.parallel.init_distributed` (rank and
 coordinator from MPI via mpi4py; gloo collectives between the CPU processes) and
 discretizes over *all* processes' devices. It checks against a serial run in the
 same process: BP5 and BP4 solves, relative errors, a gradient through a solve,
-6 advection steps (overlap schedule) and a Maxwell right-hand side. Process 0
+6 advection steps and a Maxwell right-hand side. Process 0
 prints ``RESULT <json>``; the exit status is 1 if any check failed (see
 tests/test_distributed_jax.py).
 """
@@ -28,7 +28,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxsem.parallel.comm import Comm, init_distributed  # noqa: E402
+from jaxsem.parallel.comm import Comm  # noqa: E402
+from jaxsem.parallel.launch import init_distributed  # noqa: E402
 
 from check_record import FAILED, RESULTS, check, rel  # noqa: E402
 
@@ -71,7 +72,7 @@ def main():
 
     pmesh = js.box_mesh((4, 2, 2), 3, periodic=(True,) * 3, deform=0.1)
     c, dt, steps = (1.0, -0.5, 0.25), 0.004, 6
-    f = ad.make_rhs("upwind", None, "split", "overlap")
+    f = ad.make_rhs("upwind", "split")
     run = jax.jit(lambda d, t, u: ts.integrate(lambda tt, v: f(tt, v, (d, t)), u, dt, steps))
     dg = js.discretize_dg(pmesh)
     ref = run(dg, ad.transport(dg, c), ad.gaussian(dg.x, 0.0, c))

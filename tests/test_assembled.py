@@ -92,7 +92,7 @@ def test_solve_equals_the_e_vector_solve(bp, pmg):
     out = {}
     for storage in ("auto", "local"):
         sem = poisson.bp_discretize(mesh, bp, storage=storage)
-        pre = poisson.pmg(sem, mesh, h1, h2) if pmg else None
+        pre = poisson.pmg(sem, h1, h2) if pmg else None
         u, info = jax.jit(lambda s, p: poisson.solve(s, ms.f, h1, h2, tol=1e-12, maxiter=500, precond=p))(sem, pre)
         assert bool(info.converged)
         out[storage] = (u, int(info.iterations))

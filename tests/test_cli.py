@@ -291,12 +291,12 @@ def test_tgv_output_paths_are_checked_before_the_run(tmp_path, capsys, monkeypat
 def test_tgv_resume_and_reference_files_are_checked_before_the_run(tmp_path, capsys, monkeypatch):
     """--resume: a file that is not a checkpoint, or one whose step is negative; $JAXSEM_TGV_REFERENCE:
     a folder, a missing or a malformed file. Each is refused with exit 2 naming the file, not after the run."""
-    from jaxsem.solvers import timestepping as ts
+    from jaxsem.io import save_checkpoint
 
     junk = tmp_path / "junk.npz"
     junk.write_text("not a checkpoint")
     ck = tmp_path / "ck.npz"
-    ts.save_checkpoint(ck, [0.0], 0.0, 0)
+    save_checkpoint(ck, {"y": np.zeros(1)}, 0.0, 0)
     with np.load(ck) as z:
         fields = dict(z)
     np.savez(tmp_path / "neg.npz", **dict(fields, step=np.int64(-4)))

@@ -5,11 +5,13 @@ import subprocess
 import sys
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsem.parallel.comm import Comm, allreduce_sum, get_comm, launcher_size, sendrecv
+from jaxsem.parallel.comm import Comm, allreduce_sum, get_comm, sendrecv
+from jaxsem.parallel.launch import bind_local_device, launcher_size
 
 _LAUNCHER_PREFIXES = ("PMI_", "OMPI_", "MV2_", "PMIX_", "HYDRA_", "MPI_")
 
@@ -69,6 +71,44 @@ def test_launcher_size_from_env(monkeypatch):
     assert launcher_size() == 2
 
 
+def test_import_changes_no_environment_variable():
+    """``import jaxsem`` under a launcher's environment (2 processes, local rank 1) leaves every
+    environment variable as it was (measured after ``import jax``, which sets two of its own);
+    binding the GPU is the run's own call."""
+    code = """
+import os
+import jax
+import jax.extend
+before = dict(os.environ)
+import jaxsem
+print(sorted(set(os.environ.items()) ^ set(before.items())))
+jaxsem.parallel.bind_local_device()
+print(os.environ.get('CUDA_VISIBLE_DEVICES'))
+"""
+    env = dict(_single_process_env(), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "1"], proc.stdout + proc.stderr
+
+
+def test_bind_local_device(monkeypatch):
+    """One GPU per process under a launcher of several; nothing without one, nothing over the user's choice."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    bind_local_device()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # no launcher size: a plain process
+    monkeypatch.setenv("PMI_SIZE", "4")
+    bind_local_device()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    bind_local_device()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
 def test_comm_is_a_pytree_without_leaves():
     comm = Comm(rank=0, size=1)
     leaves, treedef = jax.tree_util.tree_flatten(comm)
@@ -86,23 +126,6 @@ def test_comm_validation():
         Comm(rank=1, size=1)
     with pytest.raises(TypeError, match="comm"):
         allreduce_sum(jnp.ones(2), None)
-
-
-def test_collective_names_are_checked_before_any_work():
-    """A bad ``collective`` is a ValueError naming it, from discretize, discretize_dg and ShardComm;
-    "auto" resolves to one of the two real collectives for every device count."""
-    from jaxsem.discretization import discretize, discretize_dg
-    from jaxsem.mesh import box_mesh
-    from jaxsem.parallel.comm import COLLECTIVES, ShardComm, resolve_collective
-
-    mesh = box_mesh(1, 1)
-    for build in (discretize, discretize_dg):
-        with pytest.raises(ValueError, match="collective must be one of"):
-            build(mesh, collective="alltoall")
-    with pytest.raises(ValueError, match="collective must be one of"):
-        ShardComm(size=2, collective="auto")  # resolved before a transport is made
-    assert {resolve_collective("auto", P) for P in range(1, 17)} <= set(COLLECTIVES[1:])
-    assert resolve_collective("all_to_all", 4) == "all_to_all"
 
 
 def test_ops_are_identities_in_jit_and_loops():
@@ -145,10 +168,56 @@ def test_sendrecv_argument_errors():
 
 def test_host_staging_tuning_switch(monkeypatch):
     """JAXSEM_MALLOPT=0 leaves the allocator alone; otherwise glibc's mallopt is called and succeeds."""
-    from jaxsem.parallel import comm as C
+    from jaxsem.parallel import mpi as C
 
     monkeypatch.setenv("JAXSEM_MALLOPT", "0")
     assert C._tune_host_staging() is False
     monkeypatch.setenv("JAXSEM_MALLOPT", "1")
     assert C._tune_host_staging() is True  # glibc (Linux CI): both mallopt calls return 1
     assert C.HOST_STAGING_TUNED is False  # one process: no MPI world was set up
+
+
+class _Marked(Comm):
+    """A transport whose exchange is a visible step in the program (an optimization barrier
+    returning each message as it is): where the gather–scatter's data flow meets it."""
+
+    def exchange(self, ex, bufs):
+        return list(jax.lax.optimization_barrier(list(bufs)))
+
+
+def test_gather_scatter_sends_before_the_local_part():
+    """Neko's order, read from the program of a distributed gather–scatter (rank 1 of 3 on a
+    3×3×3 mesh): the messages depend on no full-size sum, and the local gather–scatter (the
+    segment sum over every node and the gather back to the copies) on no message."""
+    import dataclasses
+
+    from jaxsem.discretization.gather_scatter import gs_apply, make_gs_distributed
+    from jaxsem.mesh import box_mesh, number_nodes, partition_mesh
+
+    mesh = box_mesh((3, 3, 3), 2)
+    part = partition_mesh(mesh, 3)
+    plan, elements, _ = make_gs_distributed(number_nodes(mesh).gid, part, Comm(rank=1, size=3))
+    plan = dataclasses.replace(plan, exchange=dataclasses.replace(plan.exchange, comm=_Marked(rank=1, size=3)))
+    assert 0 < plan.num_shared < plan.num_global
+    u = jnp.ones((3, elements.size) + (mesh.n,) * 3)
+    eqns = jax.make_jaxpr(gs_apply)(plan, u).jaxpr.eqns
+    L = u[0].size
+
+    def downstream(pred):
+        """Variables computed from the outputs of the equations where ``pred`` holds."""
+        seen = set()
+        for e in eqns:
+            if pred(e) or any(v in seen for v in e.invars if isinstance(v, jax.extend.core.Var)):
+                seen.update(e.outvars)
+        return seen
+
+    def full_sum(e):
+        return e.primitive.name == "scatter-add" and e.outvars[0].aval.size == 3 * plan.num_global
+
+    after_exchange = downstream(lambda e: e.primitive.name == "optimization_barrier")
+    after_full_sum = downstream(full_sum)
+    barrier = next(e for e in eqns if e.primitive.name == "optimization_barrier")
+    assert not any(v in after_full_sum for v in barrier.invars)  # the messages: from the shared sums only
+    assert not any(e.outvars[0] in after_exchange for e in eqns if full_sum(e))  # the local sum needs no message
+    back = [e.outvars[0] for e in eqns if e.outvars and e.outvars[0] in after_full_sum and e.outvars[0].aval.size == 3 * L]
+    assert back and back[0] not in after_exchange  # nor the copies it goes back to

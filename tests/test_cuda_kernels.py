@@ -313,6 +313,15 @@ def test_fused_maxwell_rhs_equals_einsum(monkeypatch, variant, order, flux, bc):
     ge, gc = (jax.grad(loss(dgs[b]))(eps) for b in ("einsum", "cuda"))
     np.testing.assert_allclose(gc, ge, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(ge))))
 
+    # On an affine mesh the default (split) form runs the kernel too: the same operator.
+    mesh = box_mesh((3, 2, 2), order, periodic=(True, False, False))
+    dgs = {b: discretize_dg(mesh, backend=b) for b in ("einsum", "cuda")}
+    f = {b: jax.jit(lambda q, dg=dg: mx.rhs(dg, mx.material(dg, eps, mu), q, flux, bc)) for b, dg in dgs.items()}
+    assert "jaxsem_maxwell" in f["cuda"].lower(q).as_text()
+    out = {b: f[b](q) for b in dgs}
+    scale = float(jnp.max(jnp.abs(out["einsum"])))
+    assert float(jnp.max(jnp.abs(out["cuda"] - out["einsum"]))) < 1e-12 * scale
+
 
 @gpu
 @pytest.mark.parametrize("variant", ck.VARIANTS["maxwell"])
@@ -322,17 +331,19 @@ def test_maxwell_material_adjoint_kernel_equals_einsum(monkeypatch, variant, ord
     """The material adjoint kernel (cotangents of ε, μ and the four flux coefficients for a random
     cotangent of the right-hand side) equals JAX's transpose of the written-out material tangent:
     curved elements, one periodic axis and walls, per-node ε, μ; the a-terms 0 with the central flux."""
+    from jaxsem.backends import EMULATED
     from jaxsem.discretization.dg import discretize_dg
     from jaxsem.models import maxwell as mx
 
     monkeypatch.setitem(ck.TUNING, ("maxwell", order + 1, False, "float64"), (variant, False))
     mesh = box_mesh((3, 2, 2), order, deform=0.1, periodic=(True, False, False))
-    dgs = {b: discretize_dg(mesh, backend=b) for b in ("einsum", "cuda")}
+    dgs = {b: discretize_dg(mesh, backend=b) for b in ("cuda", EMULATED)}  # EMULATED: JAX's transpose
     shape = dgs["cuda"].jac.shape
     k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(10 + order), 4)
     eps, mu = 1.0 + jax.random.uniform(k1, shape), 1.0 + jax.random.uniform(k2, shape)
     q, ct = jax.random.normal(k3, (6,) + shape), jax.random.normal(k4, (6,) + shape)
-    got, want = (mx._material_vjp(dg, mx.material(dg, eps, mu), q, ct, flux, bc) for dg in dgs.values())
+    got, want = (dg.backend.maxwell_material_kernel_vjp(dg, mx.material(dg, eps, mu), q, ct, flux, bc)
+                 for dg in dgs.values())
     for name in ("eps", "mu", "cE", "aE", "cH", "aH"):
         g, w = getattr(got, name), getattr(want, name)
         assert g.shape == w.shape, name
@@ -369,7 +380,7 @@ def test_fused_advection_rhs_equals_einsum(monkeypatch, variant, order):
     assert dgs["cuda"].nbr is not None and discretize_dg(box_mesh((1, 1, 1), order)).backend.name == "cuda"
     for form in adv.FORMS:
         for flux in adv.FLUXES:
-            out = {b: adv.rhs(dg, trs[b], u, flux, None, form) for b, dg in dgs.items()}
+            out = {b: adv.rhs(dg, trs[b], u, flux, form) for b, dg in dgs.items()}
             scale = float(jnp.max(jnp.abs(out["einsum"])))
             err = float(jnp.max(jnp.abs(out["cuda"] - out["einsum"])))
             assert err < 1e-13 * scale, (form, flux, err / scale)
@@ -393,7 +404,7 @@ def test_fused_advection_gradient_through_steps(form):
 
         def f(u0, s):
             trs_ = dataclasses.replace(tr, A=s * tr.A, an=s * tr.an, vn=s * tr.vn)
-            rhs = lambda t, u: adv.rhs(dg, trs_, u, "upwind", None, form)
+            rhs = lambda t, u: adv.rhs(dg, trs_, u, "upwind", form)
             return jnp.sum(jnp.sin(ts.integrate(rhs, u0, 0.01, 3)))
         return f
 

@@ -2,7 +2,7 @@
 
 Runs tests/distributed_check.py under ``mpirun -n 2`` (2 processes × 2 forced CPU
 devices, one global 4-device mesh, gloo collectives): BP5 and BP4 solves, their
-error norms, a gradient through a solve, advection steps (overlap schedule) and a
+error norms, a gradient through a solve, advection steps and a
 Maxwell right-hand side equal the serial ones to 1e-12 (1e-11 for the gradient),
 with equal iteration counts. Skipped where no ``mpirun`` or mpi4py is installed.
 """

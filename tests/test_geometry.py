@@ -88,3 +88,22 @@ def test_with_coordinates_refuses_inverted_elements():
     with pytest.raises(ValueError, match="element 1 is inverted"):
         sem.with_coordinates(x)
     assert sem.with_coordinates(sem.x * 2.0).x.shape == sem.x.shape
+
+
+@pytest.mark.parametrize("kind", ["gll", "gauss"])
+def test_blocked_factors_equal_the_whole_mesh_form(kind):
+    """The set-up's block-at-a-time loop (last block shifted back, overlapping) gives the
+    whole-mesh factors and the per-element Jacobian minima (to round-off: XLA fuses
+    differently for another shape)."""
+    from jaxsem.core.geometry import _factors_blocked, factors
+
+    m = box_mesh((3, 4, 3), order=3, deform=0.2)
+    q = quadrature(3, kind)
+    args = (jnp.asarray(q.J), jnp.asarray(q.Dt), jnp.asarray(q.w), q.collocated)
+    x = jnp.asarray(m.x)
+    whole = factors(x, *args)
+    for block in (1, 7, 36):
+        g, jmin = _factors_blocked(x, *args, block)
+        for name in ("G", "B", "jac", "rx", "xq"):
+            np.testing.assert_allclose(getattr(g, name), getattr(whole, name), rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(jmin, jnp.min(whole.jac.reshape(36, -1), axis=1), rtol=1e-14)

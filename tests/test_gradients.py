@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxsem import inverse
-from jaxsem.backends import Backend
+from jaxsem.backends import CUDA
 from jaxsem.backends.cuda import cuda_available
 from jaxsem.discretization import discretize
 from jaxsem.mesh import box_mesh
@@ -164,7 +164,7 @@ def test_cuda_kernels_give_the_same_gradients(problem, per_point, solver):
     """The CUDA backend (Gauss stiffness + mass kernels) in the forward and adjoint PCG: the loss
     and its gradient w.r.t. f, h1, h2 and the coordinates equal einsum's."""
     sem, _, source, _, _, target, _ = problem
-    sem = dataclasses.replace(sem, backend=Backend("cuda"))
+    sem = dataclasses.replace(sem, backend=CUDA)
     params, out = per_point
     value, grads = jax.jit(jax.value_and_grad(_make_loss(sem, source, target, solver),
                                               argnums=(0, 1, 2, 3)))(*params)
@@ -276,7 +276,7 @@ def test_bp_gradients_on_three_elements_per_direction(bp, precond, storage):
     q = sem.geom.B.shape[-1]
     xq = sem.geom.xq
     h = 1.0 + 0.3 * jnp.sin(np.pi * xq[0]) * jnp.cos(xq[1] + xq[2])  # the non-zero coefficient, per point
-    pm = poisson.pmg(sem, mesh, h1, h2) if precond == "pmg" else None
+    pm = poisson.pmg(sem, h1, h2) if precond == "pmg" else None
     shape = ((spec.components,) if spec.components > 1 else ()) + (sem.num_elements, q, q, q)
     fq = jnp.asarray(np.random.default_rng(bp).standard_normal(shape))
 

@@ -26,7 +26,11 @@ import pytest
 
 from jaxsem import dg as dgm
 from jaxsem.app import cli
+from jaxsem.backends import EINSUM, EMULATED, EmulatedBackend
 from jaxsem import timestepping as ts
+from jaxsem.io import load_checkpoint
+from jaxsem.solvers import driver
+from jaxsem.solvers.stops import NonFiniteError
 from jaxsem.mesh import box_mesh
 from jaxsem.models import advection as ad
 from jaxsem.models import maxwell as mx
@@ -71,7 +75,7 @@ def case(*key, **kw):
 
 T = 0.1
 # One compilation per shape and option set (eager op-by-op dispatch compiles every primitive).
-rhs = jax.jit(mx.rhs, static_argnames=("flux", "bc", "exchange", "form"))
+rhs = jax.jit(mx.rhs, static_argnames=("flux", "bc", "form"))
 
 
 # ----------------------------------------------------------------------------- spectral convergence
@@ -111,12 +115,12 @@ def test_time_order(method, order):
     t_final = 0.4
     dt_lim = mx.stable_dt(c.dg, c.mat, method=method, rho=c.rho())
     n0 = int(np.ceil(t_final / (0.9 * dt_lim)))
-    ref, _ = ts.run(f, q0, t_final / (16 * n0), 16 * n0, args=args, method="rk4",
-                    options=ts.RunOptions(chunk_steps=10**6))
+    ref, _ = driver.run(f, q0, t_final / (16 * n0), 16 * n0, args=args, method="rk4",
+                    options=driver.RunOptions(chunk_steps=10**6))
     errs = []
     for m in (1, 2, 4):
-        q, _ = ts.run(f, q0, t_final / (m * n0), m * n0, args=args, method=method,
-                      options=ts.RunOptions(dt_max=dt_lim))
+        q, _ = driver.run(f, q0, t_final / (m * n0), m * n0, args=args, method=method,
+                      options=driver.RunOptions(dt_max=dt_lim))
         errs.append(float(jnp.sqrt(jnp.sum((q - ref) ** 2) / jnp.sum(ref**2))))
     rates = np.log2(np.array(errs[:-1]) / np.array(errs[1:]))
     assert np.all(np.abs(rates - order) < 0.3), (errs, rates)
@@ -166,8 +170,8 @@ def test_energy_central_conserved_to_time_error_upwind_nonincreasing():
     drift = []
     for m in (1, 2):
         dt = 0.5 * mx.stable_dt(c.dg, c.mat, "central", rho=c.rho("central")) / m
-        q, _ = ts.run(mx.make_rhs("central"), q0, dt, 40 * m, args=(c.dg, c.mat),
-                      options=ts.RunOptions(chunk_steps=1000))
+        q, _ = driver.run(mx.make_rhs("central"), q0, dt, 40 * m, args=(c.dg, c.mat),
+                      options=driver.RunOptions(chunk_steps=1000))
         drift.append(abs(float(mx.energy(c.dg, c.mat, q)) / E0 - 1))
     assert drift[0] < 1e-7 and drift[1] < drift[0] / 16, drift  # measured 2.5e-8, 7.8e-10
     dt = 0.9 * mx.stable_dt(c.dg, c.mat, "upwind", rho=c.rho())
@@ -238,25 +242,61 @@ def test_gradient_wrt_eps_matches_finite_differences():
 # ----------------------------------------------------------------------------- plumbing
 
 
-def test_exchange_is_swappable_and_packed():
-    mesh = rotate_elements(box_mesh((2, 2, 2), 4, deform=0.1), seed=4)
-    dg = dgm.discretize_dg(mesh)
-    conn = dgm.face_connectivity(mesh)
-    mat = mx.material(dg)
-    partner = jnp.asarray(conn.partner.reshape(-1))
-    calls = []
+def _scatters(jaxpr) -> list:
+    """The operand shapes of every scatter-add in ``jaxpr`` and the jaxprs inside it."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scatter-add":
+            out.append(tuple(eqn.invars[0].aval.shape))
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _scatters(inner)
+    return out
 
-    def by_partner(fu):  # own + the partner's value, by indexing instead of a gather–scatter
-        calls.append(fu.shape)
-        flat = fu.reshape(fu.shape[0], -1)
-        other = jnp.where(partner >= 0, flat[:, jnp.maximum(partner, 0)], 0.0)
-        return (flat + other).reshape(fu.shape)
 
-    q = _random_state(dg)
-    a = rhs(dg, mat, q)
-    b = rhs(dg, mat, q, exchange=by_partner)
-    assert calls == [(6,) + conn.fid.shape]  # all six components in ONE exchange
-    assert float(jnp.max(jnp.abs(a - b))) < 1e-12 * float(jnp.max(jnp.abs(a)))
+def test_exchange_is_packed_and_equals_reading_the_neighbours():
+    """The reference's face exchange (a gather–scatter over the face-point ids, all six components
+    in ONE scatter) and the fused path's read of the neighbours through ``dg.nbr`` (the emulated
+    backend) give the same operator on rotated curved elements with walls, and on a periodic axis."""
+    for mesh, bc in ((rotate_elements(box_mesh((3, 3, 3), 3, deform=0.1), seed=4), "pec"),
+                     (box_mesh((3, 3, 3), 3, deform=0.1, periodic=(True, False, False)), "pmc")):
+        dgs = {b: dgm.discretize_dg(mesh, backend=b) for b in (EINSUM, EMULATED)}
+        q = _random_state(dgs[EINSUM])
+        a, b = (rhs(dg, mx.material(dg), q, bc=bc, form="chain") for dg in dgs.values())
+        assert float(jnp.max(jnp.abs(a - b))) < 1e-12 * float(jnp.max(jnp.abs(a)))
+    dg = dgs[EINSUM]
+    jaxpr = jax.make_jaxpr(lambda v: mx.rhs(dg, mx.material(dg), v))(q).jaxpr
+    material_scatter = 2 * dgm.face_connectivity(mesh).num_ids  # Z and Y, in material()
+    assert [s for s in _scatters(jaxpr) if s != (material_scatter,)] == [(6 * dg.fgs.num_global,)]
+
+
+_KERNEL_CALLS = []
+
+
+class _Recording(EmulatedBackend):
+    """The emulated backend, noting each trace of its fused Maxwell kernel."""
+
+    def maxwell_kernel(self, dg, mat, q, flux, bc):
+        _KERNEL_CALLS.append(flux)
+        return super().maxwell_kernel(dg, mat, q, flux, bc)
+
+
+@pytest.mark.parametrize("deform, form, fused", [(0.0, "split", True), (0.0, "chain", True),
+                                                 (0.1, "split", False), (0.1, "chain", True)])
+def test_default_form_runs_the_fused_kernel_on_affine_meshes(deform, form, fused):
+    """A fused backend takes its kernel wherever the chain-rule curl is the operator asked for:
+    the default split form on affine meshes, the chain form everywhere; the split form on a
+    curved mesh is the reference's. The value is the reference's either way."""
+    mesh = box_mesh((3, 3, 3), 3, deform=deform)
+    dg, ref = dgm.discretize_dg(mesh, backend=_Recording()), dgm.discretize_dg(mesh, backend=EINSUM)
+    q = _random_state(dg, seed=3)
+    _KERNEL_CALLS.clear()
+    got = mx.rhs(dg, mx.material(dg), q, form=form)
+    assert bool(_KERNEL_CALLS) == fused
+    want = mx.rhs(ref, mx.material(ref), q, form=form)
+    assert float(jnp.max(jnp.abs(got - want))) < 1e-12 * float(jnp.max(jnp.abs(want)))
 
 
 def test_rotated_elements_give_the_same_operator():
@@ -297,8 +337,8 @@ def test_blowup_is_reported_with_step():
     c = case(4, (2, 2, 2), 0.0)
     q0 = c.exact(c.dg.x, 0.0)
     limit = mx.stable_dt(c.dg, c.mat, rho=c.rho())
-    with pytest.raises(ts.NonFiniteError, match="appeared at step") as exc:  # 3x the limit, unguarded
-        ts.run(mx.make_rhs(), q0, 3 * limit, 5000, args=(c.dg, c.mat), options=ts.RunOptions(chunk_steps=100))
+    with pytest.raises(NonFiniteError, match="appeared at step") as exc:  # 3x the limit, unguarded
+        driver.run(mx.make_rhs(), q0, 3 * limit, 5000, args=(c.dg, c.mat), options=driver.RunOptions(chunk_steps=100))
     assert 1 < exc.value.step < 5000
     with pytest.raises(ValueError, match="initial state"):
         mx.simulate(c.dg, c.mat, q0.at[0, 3, 2, 2, 2].set(jnp.nan), 0.05, rho=c.rho())
@@ -307,17 +347,17 @@ def test_blowup_is_reported_with_step():
 def test_maxwell_checkpoint_resume_bit_identical(tmp_path):
     c = case(4, (2, 2, 2), 0.0)
     q0 = c.exact(c.dg.x, 0.0)
-    full, _, dt = mx.simulate(c.dg, c.mat, q0, 0.2, rho=c.rho(), options=ts.RunOptions(chunk_steps=4))
+    full, _, dt = mx.simulate(c.dg, c.mat, q0, 0.2, rho=c.rho(), options=driver.RunOptions(chunk_steps=4))
     path = tmp_path / "mx.npz"
     fixed = mx.Scheme(dt=dt)
     _, info, _ = mx.simulate(c.dg, c.mat, q0, 4 * dt, scheme=fixed, rho=c.rho(),
-                             options=ts.RunOptions(chunk_steps=4, checkpoint_path=path))
+                             options=driver.RunOptions(chunk_steps=4, checkpoint_path=path))
     assert info.step == 4  # "the run died here"
-    _, _, _, meta = ts.load_checkpoint(path, q0)
+    meta = load_checkpoint(path).meta
     assert {k: str(meta[k]) for k in ("flux", "form", "bc", "order", "dtype", "elements")} == dict(
         flux="upwind", form="split", bc="pec", order="4", dtype="float64", elements="8")
     assert len(str(meta["mesh"])) == 16 and len(str(meta["material"])) == 16
-    resume = ts.RunOptions(chunk_steps=4, resume=path)
+    resume = driver.RunOptions(chunk_steps=4, resume=path)
     res, info, _ = mx.simulate(c.dg, c.mat, q0, 0.2, scheme=fixed, rho=c.rho(), options=resume)
     assert info.resumed_from == 4 and info.step == round(0.2 / dt)
     assert np.array_equal(np.asarray(res), np.asarray(full))
@@ -330,8 +370,8 @@ def test_maxwell_resume_refuses_other_physics(tmp_path):
     path = tmp_path / "mx.npz"
     dt = 0.5 * mx.stable_dt(c.dg, c.mat, rho=c.rho())
     mx.simulate(c.dg, c.mat, q0, 2 * dt, scheme=mx.Scheme(dt=dt), rho=c.rho(),
-                options=ts.RunOptions(checkpoint_path=path))
-    resume = ts.RunOptions(resume=path)
+                options=driver.RunOptions(checkpoint_path=path))
+    resume = driver.RunOptions(resume=path)
     with pytest.raises(ValueError, match=r"flux = 'upwind' in the checkpoint, 'central' in this run"):
         mx.simulate(c.dg, c.mat, q0, 4 * dt, scheme=mx.Scheme(flux="central", dt=dt), rho=c.rho(), options=resume)
     with pytest.raises(ValueError, match=r"form = 'split' in the checkpoint, 'chain' in this run"):
@@ -351,7 +391,7 @@ def test_maxwell_resume_refuses_other_physics(tmp_path):
         mx.simulate(curved.dg, curved.mat, q0, 4 * dt, scheme=mx.Scheme(dt=dt), rho=c.rho(), options=resume)
     with pytest.raises(ValueError, match=r"RunOptions\.meta key 'flux' is set by the maxwell driver"):
         mx.simulate(c.dg, c.mat, q0, 4 * dt, scheme=mx.Scheme(dt=dt), rho=c.rho(),
-                    options=ts.RunOptions(resume=path, meta={"flux": "upwind"}))
+                    options=driver.RunOptions(resume=path, meta={"flux": "upwind"}))
 
 
 def test_scheme_and_driver_arguments_are_named():

@@ -186,3 +186,16 @@ def test_a_face_may_be_paired_once(rows, match):
     m = box_mesh((3, 3, 3), order=2)
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(m, periodic_faces=np.array(rows))
+
+
+@pytest.mark.parametrize("deform", [0.0, 0.12])
+def test_separable_box_nodes_equal_the_isoparametric_map(deform):
+    """box_mesh's per-axis node tables give element_nodes of its vertices (then deform_box)."""
+    from jaxsem.mesh.box import deform_box, element_nodes
+
+    L, origin = (2.0, 1.0, 0.5), (-1.0, 0.5, 3.0)
+    m = box_mesh((3, 4, 2), order=5, lengths=L, origin=origin, deform=deform)
+    ref = element_nodes(m.vertices[m.cells].reshape(-1, 2, 2, 2, 3), 5)
+    if deform:
+        ref = deform_box(ref, deform, L, origin)
+    np.testing.assert_allclose(m.x, ref, rtol=0, atol=1e-14)

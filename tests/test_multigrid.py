@@ -23,6 +23,7 @@ import pytest
 import jaxsem as js
 from jaxsem.mesh.gmsh import read_gmsh
 from jaxsem.models import poisson
+from jaxsem.discretization import hierarchy
 from jaxsem.solvers import chebyshev, multigrid as mg
 
 import subproc
@@ -37,7 +38,7 @@ def pmg_solve(sem, pmg, b, tol=1e-10, h1=1.0, h2=0.0, method="classic", maxiter=
 
 def setup(sem, mesh, **kw):
     h1, h2 = kw.pop("h1", 1.0), kw.pop("h2", 0.0)
-    return poisson.pmg(sem, mesh, h1=h1, h2=h2, options=mg.PMGOptions(**kw))
+    return poisson.pmg(sem, h1=h1, h2=h2, options=mg.PMGOptions(**kw))
 
 
 def bp_case(bp, K, p, deform=0.1, **kw):
@@ -107,10 +108,10 @@ def rand(sem, seed, lead=()):
 # --- options and levels ------------------------------------------------------------------
 
 def test_default_orders_halve_to_one():
-    assert mg.default_orders(7) == (7, 4, 2, 1)
-    assert mg.default_orders(8) == (8, 4, 2, 1)
-    assert mg.default_orders(2) == (2, 1)
-    assert mg.default_orders(1) == (1,)
+    assert hierarchy.default_orders(7) == (7, 4, 2, 1)
+    assert hierarchy.default_orders(8) == (8, 4, 2, 1)
+    assert hierarchy.default_orders(2) == (2, 1)
+    assert hierarchy.default_orders(1) == (1,)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -127,15 +128,15 @@ def test_setup_rejects_a_schedule_not_below_the_fine_order():
     sem = poisson.bp_discretize(mesh, 5)
     with pytest.raises(ValueError, match="orders"):
         setup(sem, mesh, orders=(5, 2))
-    with pytest.raises(TypeError, match="mesh"):
-        mg.setup(sem, sem, poisson.operator, poisson.jacobi)
+    with pytest.raises(ValueError, match="strictly decreasing order"):
+        mg.setup((sem, sem), poisson.operator, poisson.jacobi)
     # strongly curved elements fold when their geometry is interpolated to order 1: a schedule
     # asked for is refused, the default one ends at the lowest order that does not fold
     mesh = js.box_mesh(2, 4, deform=0.22)
     sem = poisson.bp_discretize(mesh, 5)
     with pytest.raises(ValueError, match="order 1 .* folds"):
         setup(sem, mesh, orders=(4, 2, 1))
-    with pytest.warns(mg.PMGScheduleWarning, match=r"folds at order 1; levels \(4, 2\)"):
+    with pytest.warns(hierarchy.PMGScheduleWarning, match=r"folds at order 1; levels \(4, 2\)"):
         pm = setup(sem, mesh)
     assert [lv.sem.order for lv in pm.levels] == [4, 2]
 
@@ -145,8 +146,8 @@ def test_default_schedule_works_on_every_deformation_the_cli_accepts():
     folds (order 2 at 0.25), and the solve converges to the same solution as Jacobi-PCG."""
     mesh = js.box_mesh(3, 6, deform=0.26)
     sem = poisson.bp_discretize(mesh, 5)
-    with pytest.warns(mg.PMGScheduleWarning, match="folds at order 2"):
-        pm = poisson.pmg(sem, mesh)
+    with pytest.warns(hierarchy.PMGScheduleWarning, match="folds at order 2"):
+        pm = poisson.pmg(sem)
     assert [lv.sem.order for lv in pm.levels] == [6, 3]
     ms = poisson.manufactured(5)
     u, info = poisson.solve(sem, ms.f, tol=1e-10, precond=pm)
@@ -341,7 +342,7 @@ def test_gmsh_file_curved_hex27(tmp_path):
     mesh = read_gmsh(path, order=4)
     assert float(np.max(np.abs(mesh.x - js.box_mesh(3, 4).x))) > 0.05  # not the unit box
     sem = poisson.bp_discretize(mesh, 5)
-    pmg = poisson.pmg(sem, mesh)
+    pmg = poisson.pmg(sem)
     assert pmg.orders == (4, 2, 1)
     f = lambda x, y, z: jnp.sin(3 * x) * jnp.cos(2 * y) + z
     u, info = poisson.solve(sem, f, precond=pmg, tol=1e-10)
@@ -361,7 +362,7 @@ def test_neumann_helmholtz_coefficient_fields_and_classic_pcg():
     b = poisson.load(sem, lambda x, y, z: jnp.cos(jnp.pi * x) + y * z)
     for c1, c2 in ((1.0, 1.0), (h1, h2)):
         if c1 is h1:
-            pmg = mg.setup(sem, mesh, poisson.operator, poisson.jacobi, h1=c1, h2=c2)
+            pmg = mg.setup(hierarchy.levels(sem), poisson.operator, poisson.jacobi, h1=c1, h2=c2)
         u, info = pmg_solve(sem, pmg, b, h1=c1, h2=c2, method="classic")
         uj, infoj = pmg_solve(sem, None, b, h1=c1, h2=c2)
         assert bool(info.converged) and int(info.iterations) <= 12 < int(infoj.iterations)

@@ -18,7 +18,8 @@ import pytest
 import jaxsem as js
 from jaxsem.models import flows, poisson
 from jaxsem.models import navier_stokes as NS
-from jaxsem.solvers import timestepping as ts
+from jaxsem.io import checkpoint_shapes
+from jaxsem.solvers import driver
 from jaxsem.solvers.stops import SolveFailedError, UnstableRunError
 
 import subproc
@@ -71,9 +72,9 @@ def test_ethier_steinman_order_in_time(k):
     """The fitted order of the error at T = 0.4 (p = 6: the space error is far below) is at least k.
     The two Δt run on one compiled chunk (Δt is a leaf of NavierStokes, the sample size a traced
     argument; ``_cache_size``: jit's count of programs): only the first may compile it."""
-    programs = NS._advance_jit._cache_size()
+    programs = NS.runs._advance_jit._cache_size()
     errs = [ethier_steinman_error(6, dt, 0.4, k)[0] for dt in (0.04, 0.02)]
-    assert NS._advance_jit._cache_size() <= programs + 1
+    assert NS.runs._advance_jit._cache_size() <= programs + 1
     order = math.log2(errs[0] / errs[1])
     # measured orders (dt 0.04 -> 0.02): 1.80, 2.79, 3.77 (errors at dt = 0.02: 2.6e-3, 8.9e-5, 4.3e-6)
     assert k - 0.2 < order < k + 1.2, (k, errs, order)
@@ -144,15 +145,17 @@ def test_taylor_green_energy_balance():
 def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
     ns, st0, st, s, _ = tgv_run()
     path = tmp_path / "ns.npz"
-    programs = NS._advance_jit._cache_size()
-    st_a, s_a, _ = NS.run(ns, st0, 0.2, sample_interval=0.1, options=ts.RunOptions(checkpoint_path=path))
+    programs = NS.runs._advance_jit._cache_size()
+    st_a, s_a, _ = NS.run(ns, st0, 0.2, sample_interval=0.1, options=driver.RunOptions(checkpoint_path=path))
     # the series buffer is allocated in blocks of rows: the shorter run reuses the 0.4 run's
     # compiled chunk, and its series holds its own samples only
-    assert NS._advance_jit._cache_size() == programs
+    assert NS.runs._advance_jit._cache_size() == programs
     assert list(np.round(s_a.time, 12)) == [0.0, 0.1, 0.2]
     np.testing.assert_array_equal(s_a.kinetic_energy, s.kinetic_energy[:3])
+    # the checkpoint names its arrays: the state's fields and the series
+    assert set(checkpoint_shapes(path)) == {"series"} | {f"state.{k}" for k in ("U", "F", "P", "step", "t", "past")}
     # a second run from the 0.2 checkpoint to 0.4 reproduces the uninterrupted one
-    st_b, s_b, info = NS.run(ns, st0, 0.4, sample_interval=0.1, options=ts.RunOptions(resume=path))
+    st_b, s_b, info = NS.run(ns, st0, 0.4, sample_interval=0.1, options=driver.RunOptions(resume=path))
     assert info.resumed_from == 10 and info.steps == 10
     np.testing.assert_array_equal(np.asarray(st_b.U), np.asarray(st.U))
     np.testing.assert_array_equal(s_b.kinetic_energy, s.kinetic_energy)

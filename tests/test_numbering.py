@@ -101,3 +101,71 @@ def test_pairing_a_shared_face_is_refused_naming_it(row, shared):
     with pytest.raises(ValueError, match=rf"periodic_faces\[0\] = \[{', '.join(map(str, row))}\] pairs {shared}; "
                                          r"only boundary faces may be paired"):
         number_nodes(m)
+
+
+def _first_appearance_ids(ids):
+    """Reference: relabel ``ids`` 0, 1, … in order of first appearance in ``ids.ravel()``."""
+    _, first, inverse = np.unique(ids.ravel(), return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first)] = np.arange(first.size)
+    return rank[inverse].reshape(ids.shape)
+
+
+@pytest.mark.parametrize(
+    "elements, order, periodic",
+    [
+        ((3, 4, 3), 3, (False, False, False)),
+        ((4, 3, 5), 2, (True, True, True)),
+        ((3, 3, 4), 4, (True, False, True)),
+        ((1, 3, 2), 3, (True, True, False)),  # one periodic element: its two faces are one
+        ((2, 1, 1), 1, (False, True, True)),
+        ((3, 3, 3), 5, (False, True, False)),
+    ],
+)
+def test_box_formula_equals_vertex_keys_and_coordinates(elements, order, periodic):
+    """The box formula, the general vertex-key numbering (the same mesh without its box
+    counts) and a brute-force coordinate numbering give the same ids, neighbours and
+    boundary faces, bit for bit."""
+    m = box_mesh(elements, order, periodic=periodic, deform=0.1)
+    box = number_nodes(m)
+    general = number_nodes(dataclasses.replace(m, elements=None))
+    flat = box_mesh(elements, order, periodic=periodic)
+    coords = _first_appearance_ids(_coord_ids(flat.x, (1, 1, 1), periodic))
+    np.testing.assert_array_equal(box.gid, coords)
+    np.testing.assert_array_equal(general.gid, coords)
+    assert box.num_global == general.num_global == coords.max() + 1
+    np.testing.assert_array_equal(box.face_neighbors, general.face_neighbors)
+    np.testing.assert_array_equal(box.boundary_faces, general.boundary_faces)
+    np.testing.assert_array_equal(box.boundary_nodes(), general.boundary_nodes())
+
+
+def test_relabelled_box_takes_the_general_path_and_agrees():
+    """A box mesh with permuted vertex ids is not box_mesh's topology: numbered by vertex keys,
+    it gives the same ids (first appearance) as the formula."""
+    m = box_mesh((3, 4, 3), 3, periodic=(True, False, True))
+    perm = np.random.default_rng(1).permutation(m.vertices.shape[0])
+    m2 = dataclasses.replace(m, cells=perm[m.cells])
+    a, b = number_nodes(m), number_nodes(m2)
+    np.testing.assert_array_equal(a.gid, b.gid)
+    np.testing.assert_array_equal(a.face_neighbors, b.face_neighbors)
+
+
+def test_partitioned_plans_of_the_box_formula_equal_the_general_ones():
+    """Each rank's gather–scatter plan (partitioned box, periodic axis) is built from the
+    numbering alone: the formula's and the vertex keys' plans are the same."""
+    from jaxsem.discretization.gather_scatter import make_gs_distributed
+    from jaxsem.mesh import partition_mesh
+    from jaxsem.parallel.comm import Comm
+
+    m = box_mesh((4, 3, 3), 2, periodic=(True, False, False))
+    part = partition_mesh(m, 4)
+    a, b = number_nodes(m), number_nodes(dataclasses.replace(m, elements=None))
+
+    for r in range(4):  # each rank's view; building a plan sends nothing
+        pa, ea, ha = make_gs_distributed(a.gid, part, Comm(rank=r, size=4))
+        pb, eb, hb = make_gs_distributed(b.gid, part, Comm(rank=r, size=4))
+        np.testing.assert_array_equal(ea, eb)
+        np.testing.assert_array_equal(np.asarray(pa.gid), np.asarray(pb.gid))
+        np.testing.assert_array_equal(ha, hb)
+        for ia, ib in zip(pa.exchange.idx, pb.exchange.idx):
+            np.testing.assert_array_equal(np.asarray(ia), np.asarray(ib))

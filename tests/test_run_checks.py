@@ -1,6 +1,6 @@
 """The host checks of time-stepping runs: growth no stable run allows stops the run, named.
 
-ts.run's ``growth_limit`` (Maxwell and advection runs pass it): y' = −50y with LSERK4 at
+driver.run's ``growth_limit`` (Maxwell and advection runs pass it): y' = −50y with LSERK4 at
 λΔt = −10, outside the method's stability region (radius ≈ 5.6 on the negative axis), grows by
 |R(−10)| ≈ 160 a step; the run stops at the first chunk whose norm passes the limit, naming that
 step, with finite numbers; at λΔt = −2.5 (stable) the same run completes.
@@ -11,8 +11,9 @@ import math
 import jax.numpy as jnp
 import pytest
 
+from jaxsem.solvers import driver
 from jaxsem.solvers import timestepping as ts
-from jaxsem.solvers.stops import RunStopped, UnstableRunError
+from jaxsem.solvers.stops import NonFiniteError, RunStopped, UnstableRunError
 
 
 def f(t, y):
@@ -25,20 +26,20 @@ def test_growth_past_the_limit_stops_the_run_naming_the_step(chunk):
     assert r > 100  # the premise: unstable
     first = math.ceil(math.log(1e3) / math.log(r))  # the first step past the limit
     with pytest.raises(UnstableRunError, match=r"norm relative to the start = [\d.e+]+ exceeds 1000 at step") as e:
-        ts.run(f, jnp.ones(3), 0.2, 100, growth_limit=1e3, options=ts.RunOptions(chunk_steps=chunk))
+        driver.run(f, jnp.ones(3), 0.2, 100, growth_limit=1e3, options=driver.RunOptions(chunk_steps=chunk))
     assert isinstance(e.value, RunStopped) and e.value.status == "unstable"
     assert e.value.step == chunk * math.ceil(first / chunk)  # checked at chunk ends
     assert math.isclose(e.value.t, 0.2 * e.value.step) and 1e3 < e.value.value < 1e3 * r ** chunk
 
 
 def test_a_stable_run_is_not_stopped():
-    y, info = ts.run(f, jnp.ones(3), 0.05, 40, growth_limit=1.0, options=ts.RunOptions(chunk_steps=4))
+    y, info = driver.run(f, jnp.ones(3), 0.05, 40, growth_limit=1.0, options=driver.RunOptions(chunk_steps=4))
     assert info.steps == 40 and float(jnp.max(jnp.abs(y))) < 1e-20
 
 
 def test_without_the_limit_an_unstable_run_ends_in_the_named_non_finite_step():
-    with pytest.raises(ts.NonFiniteError, match="at step") as e:
-        ts.run(f, jnp.ones(3), 0.2, 400, options=ts.RunOptions(chunk_steps=50))
+    with pytest.raises(NonFiniteError, match="at step") as e:
+        driver.run(f, jnp.ones(3), 0.2, 400, options=driver.RunOptions(chunk_steps=50))
     assert e.value.status == "non_finite" and e.value.step > 100
 
 
@@ -67,8 +68,8 @@ def test_progress_is_shown_by_default_on_a_terminal_or_in_a_notebook(monkeypatch
     import io
     import sys
 
-    assert ts.RunOptions().progress == "auto"
-    assert ts._show_progress(True) and not ts._show_progress(False)
+    assert driver.RunOptions().progress == "auto"
+    assert driver._show_progress(True) and not driver._show_progress(False)
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -76,12 +77,12 @@ def test_progress_is_shown_by_default_on_a_terminal_or_in_a_notebook(monkeypatch
 
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    assert ts._show_progress("auto")
-    ts.run(f, jnp.ones(3), 0.01, 6, options=ts.RunOptions(chunk_steps=2))
+    assert driver._show_progress("auto")
+    driver.run(f, jnp.ones(3), 0.01, 6, options=driver.RunOptions(chunk_steps=2))
     assert "incl. compile" in err.getvalue()
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert not ts._show_progress("auto")
+    assert not driver._show_progress("auto")
     monkeypatch.setitem(sys.modules, "ipykernel", object())
-    assert ts._show_progress("auto")
+    assert driver._show_progress("auto")
     with pytest.raises(TypeError, match="progress must be True, False or 'auto'"):
-        ts.RunOptions(progress="yes")
+        driver.RunOptions(progress="yes")

@@ -436,7 +436,7 @@ def time_to_solution(spec, sem, mesh, tol: float = 1e-8, repeats: int = 5, progr
     b = poisson.load(sem, poisson.manufactured(k).f)
     _note(progress, "p-multigrid setup...")
     t0 = time.perf_counter()
-    pre = jax.block_until_ready(poisson.pmg(sem, mesh, h1, h2))
+    pre = jax.block_until_ready(poisson.pmg(sem, h1, h2))
     setup = time.perf_counter() - t0
     solve = jax.jit(lambda s, p, b: poisson.solve(s, None, h1, h2, tol=tol, maxiter=2000, rhs=b, precond=p))
     jax.block_until_ready(solve(sem, pre, b))  # compile

@@ -22,8 +22,9 @@ from ..io import atomic_output
 from ..mesh.box import box_mesh
 from ..models import flows
 from ..models import navier_stokes as NS
-from ..solvers import timestepping as ts
-from ..solvers.stops import RunStopped
+from ..solvers.driver import RunOptions
+from ..solvers.multigrid import PMGOptions
+from ..solvers.stops import NonFiniteError, RunStopped
 from .verify import _where, _write_vtu
 
 __all__ = ["run_tgv", "default_dt", "plot"]
@@ -40,7 +41,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             sample: float = 0.1, cfl: float = 0.4, out: str | None = None, vtu: str | None = None,
             backend: str = "auto", place: dict | None = None, checkpoint: str | None = None,
             resume: str | None = None, vtu_every: float | None = None, progress=lambda m: None,
-            progress_bar: bool = False) -> dict:
+            progress_bar: bool = False, pmg_dtype: str | None = None) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
     ``out``: a directory for ``tgv.csv`` and ``tgv.png`` (None: none written; each file written
@@ -50,6 +51,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     at every multiple of it too, ``<vtu stem>_t<time>.vtu`` (not with checkpoints: the run is
     then split into one :func:`navier_stokes.run` call per snapshot). The DNS reference file
     (:func:`flows.tgv_reference`) is read first: a bad one fails before the run, not after it.
+    ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``).
     """
     flows.tgv_reference()
     place = place or {}
@@ -58,21 +60,22 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     nu = 1.0 / reynolds
     progress(f"Taylor-Green Re {reynolds:g}: order {order}, {'x'.join(map(str, elements))} elements")
     u0 = flows.taylor_green().velocity
+    options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype))
     if dt is None:
-        probe = NS.setup(mesh, nu=nu, dt=1.0, backend=backend, **place)
+        probe = NS.setup(mesh, nu=nu, dt=1.0, backend=backend, options=options, **place)
         dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
         ns = _with_dt(probe, dt)
     else:
-        ns = NS.setup(mesh, nu=nu, dt=dt, backend=backend, **place)
+        ns = NS.setup(mesh, nu=nu, dt=dt, backend=backend, options=options, **place)
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     progress(f"dt {dt:.4g} ({round(t_final / dt)} steps), setup {setup_seconds:.1f} s")
-    opts = ts.RunOptions(progress=progress_bar, desc="Taylor-Green", checkpoint_path=checkpoint, resume=resume,
+    opts = RunOptions(progress=progress_bar, desc="Taylor-Green", checkpoint_path=checkpoint, resume=resume,
                          meta=dict(reynolds=float(reynolds)))
     base = dict(problem="tgv", order=order, elements=list(elements), reynolds=reynolds, nu=nu, dt=dt,
                 t_final=t_final, dofs=int(np.prod(elements)) * order**3, time_order=ns.options.time_order,
                 dealias=ns.options.dealias, pressure_tol=ns.options.pressure_tol,
-                velocity_tol=ns.options.velocity_tol, backend=ns.sem.backend.name,
+                velocity_tol=ns.options.velocity_tol, backend=ns.sem.backend.name, pmg_dtype=pmg_dtype,
                 setup_seconds=setup_seconds, **_where(ns.sem))
     ends = [t_final]
     if vtu_every is not None:
@@ -89,7 +92,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             steps, seconds = steps + info.steps, seconds + info.seconds
             if vtu is not None and vtu_every is not None and t_end != t_final:
                 snapshots.append(_snapshot(ns, st, f"{os.path.splitext(vtu)[0]}_t{t_end:g}.vtu"))
-    except (ts.NonFiniteError, RunStopped) as e:  # a RunStopped counts the flow's steps, NonFiniteError the call's
+    except (NonFiniteError, RunStopped) as e:  # a RunStopped counts the flow's steps, NonFiniteError the call's
         at = e.step if isinstance(e, RunStopped) else steps + e.step
         return dict(base, converged=False, status=e.status, steps=at, t=e.t, message=str(e))
     s = NS.Series(*(np.concatenate(cols) for cols in zip(*parts)))

@@ -16,7 +16,9 @@ from ..io import rank_path, write_vtu
 from ..mesh.box import box_mesh
 from ..models import advection, maxwell, poisson
 from ..operators.bk import BK_SPECS
-from ..solvers.timestepping import NonFiniteError, RunOptions
+from ..solvers.driver import RunOptions
+from ..solvers.multigrid import PMGOptions
+from ..solvers.stops import NonFiniteError
 from .bench import count_dofs
 
 __all__ = ["solve_poisson", "verify_maxwell", "verify_advection"]
@@ -63,7 +65,7 @@ def _stepped(name: str, base: dict, note, run, vtu, fields):
 
 def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxiter=1000,
                   dtype="float64", progress=None, backend="auto", place: dict | None = None,
-                  vtu: str | None = None, precond: str = "pmg") -> dict:
+                  vtu: str | None = None, precond: str = "pmg", pmg_dtype: str | None = None) -> dict:
     """Solve BPk's manufactured problem on the deformed unit box; return a result dict.
 
     ``backend``: element kernels (:func:`jaxsem.discretize`; ``"auto"``: the CUDA kernels
@@ -86,7 +88,7 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
     if precond == "pmg":
         note("p-multigrid setup...")
         t0 = time.perf_counter()
-        pre = jax.block_until_ready(poisson.pmg(sem, mesh, h1, h2))
+        pre = jax.block_until_ready(poisson.pmg(sem, h1, h2, options=PMGOptions(dtype=pmg_dtype)))
         setup_s = time.perf_counter() - t0
 
     note("compiling...")
@@ -113,7 +115,8 @@ def solve_poisson(bp=5, order=6, elements=(3, 3, 3), deform=0.1, tol=1e-10, maxi
         components=spec.components, order=order, elements=list(elements),
         num_elements=int(math.prod(elements)), points=points, dofs=dofs, dtype=dtype,
         deform=float(deform), tol=tol, maxiter=maxiter, backend=sem.backend.name, **_where(sem),
-        precond=precond, pmg_orders=None if pre is None else list(pre.orders), setup_seconds=setup_s, iterations=its,
+        precond=precond, pmg_orders=None if pre is None else list(pre.orders),
+        pmg_dtype=None if pre is None else str(pre.dtype), setup_seconds=setup_s, iterations=its,
         converged=bool(info.converged),
         residual=float(info.true_relative_residual),
         error_l2=l2, error_max=linf, seconds=seconds, compile_seconds=compile_s, vtu=vtu,
@@ -163,12 +166,11 @@ def verify_maxwell(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, 
 def verify_advection(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *, velocity=advection.DEFAULT_VELOCITY,
            flux: str = "upwind", deform: float = 0.0, cfl: float = 0.5, method: str = "lserk4",
            dtype: str = "float64", progress=None, progress_bar: bool = False, place: dict | None = None,
-           vtu: str | None = None, schedule: str = "bulk") -> dict:
+           vtu: str | None = None) -> dict:
     """:func:`jaxsem.models.advection.solve_gaussian` as a JSON-ready dict (``jaxsem solve advection``).
 
     ``place``: as :func:`verify_maxwell`. ``vtu``: write u and the exact solution at
-    ``t_final`` to this file (one file per rank under MPI, ``PATH.rank{r}.vtu``);
-    ``schedule``: see :func:`jaxsem.models.advection.rhs`.
+    ``t_final`` to this file (one file per rank under MPI, ``PATH.rank{r}.vtu``).
 
     ``dofs = E·p³``; ``error_l2`` relative L2 vs the exact translated Gaussian
     at ``t_final``; ``mass_drift`` = |∫u(T) − ∫u(0)| / ∫u(0); ``converged``
@@ -179,12 +181,12 @@ def verify_advection(order: int = 7, elements=(2, 2, 2), t_final: float = 0.5, *
     base = dict(problem="advection", order=order, elements=list(elements), num_elements=E, components=1,
                 dofs=E * order**3, points=E * (order + 1) ** 3, velocity=[float(v) for v in velocity],
                 width=advection.DEFAULT_WIDTH, flux=flux, method=method, deform=float(deform), cfl=float(cfl),
-                t_final=float(t_final), dtype=dtype, schedule=schedule)
+                t_final=float(t_final), dtype=dtype)
     note(f"advection: order {order}, elements {tuple(elements)}, deform {deform}, periodic Gaussian, "
          f"velocity {tuple(velocity)}, {flux} flux, {method}, t_final {t_final}")
     def run():
         mesh = box_mesh(tuple(elements), order, periodic=(True,) * 3, deform=deform)
-        scheme = advection.Scheme(flux=flux, method=method, cfl=cfl, schedule=schedule)
+        scheme = advection.Scheme(flux=flux, method=method, cfl=cfl)
         return advection.solve_gaussian(mesh, t_final, velocity=velocity, scheme=scheme, dtype=jnp.dtype(dtype),
                                         options=RunOptions(progress=progress_bar), **(place or {}))
 

@@ -1,108 +1,185 @@
-"""How element work runs, chosen once per discretization.
+"""How element work runs, chosen once per discretization: a :class:`Backend` owns every kernel.
 
-A :class:`Backend` applies the element operators (mass, stiffness on Gauss points,
-collocated stiffness on GLL points) and says how the gather–scatter runs:
+A backend applies the SEM element operators (mass, stiffness on Gauss points, collocated
+stiffness on GLL points, on element or assembled vectors), says how the gather–scatter runs,
+and computes the DG right-hand sides (Maxwell with its curls, advection) with their
+derivative rules. Models call ``sem.backend.…`` / ``dg.backend.…`` and never ask which one
+it is:
 
-* ``"einsum"``: the reference — tensor contractions with ``jnp.einsum`` on every
-  platform. It is the test oracle, and its linearization is the derivative rule of
-  every other backend.
-* ``"cuda"``: fused CUDA kernels through the XLA FFI (:mod:`jaxsem.backends.cuda`),
-  compiled for the GPU on first use; one kernel launch per operator application,
-  and the single-device gather–scatter as one gather kernel. Their tangents are the
-  einsum reference's, so ``jax.grad`` and ``jax.jvp`` work; an FFI call has no
-  transpose rule, so solvers differentiate them through a custom rule
-  (:attr:`Backend.transposable` is False).
+* :class:`Backend` (``"einsum"``): the reference — tensor contractions with ``jnp.einsum``
+  on every platform. It is the test oracle, and its linearization is the derivative rule of
+  every other backend. Its DG right-hand sides exchange the face values, then compute
+  (:mod:`._maxwell_ref`, :mod:`._advection_ref`).
+* :class:`CudaBackend` (``"cuda"``): hand-written CUDA kernels through the XLA FFI
+  (:mod:`jaxsem.backends.cuda`), compiled for the GPU on first use; one launch per operator
+  application, the single-device gather–scatter as one gather kernel, and each DG
+  right-hand side as one fused kernel (:mod:`._fused_dg`: Maxwell wherever its chain-rule
+  curl is the operator asked for — the chain form, and the default split form on affine
+  meshes). Tangents are the einsum reference's or the fused rules' transposes; an FFI call
+  has no transpose rule, so solvers differentiate the SEM kernels through a custom rule
+  (:attr:`Backend.transposable` is False). What it has no kernel for, it inherits.
+* :class:`EmulatedBackend` (``"emulated"``): the CUDA backend's DG dispatch and derivative
+  rules with einsum values, so tests reach the fused path on a CPU (pass ``EMULATED`` as
+  ``backend=``).
 
-:func:`resolve` turns the user's choice (``"auto"``, ``"einsum"`` or ``"cuda"``)
-into a :class:`Backend` for one discretization's order, quadrature size and
-dtype; :func:`jaxsem.discretize` calls it once and stores the result, static, on
-the discretization. Nothing below asks again.
+:func:`resolve` turns the user's choice (``"auto"``, ``"einsum"``, ``"cuda"`` or a
+:class:`Backend`) into a backend for one discretization's order, quadrature size and dtype;
+:func:`jaxsem.discretize` and :func:`jaxsem.discretize_dg` call it once and store the result,
+static, on the discretization. Nothing below asks again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax.numpy as jnp
 
+from . import _advection_ref as adv_ref
+from . import _maxwell_ref as mx_ref
+from . import cuda
+from ._fused_dg import FusedDG
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 
-__all__ = ["Backend", "BACKENDS", "EINSUM", "resolve"]
+__all__ = ["Backend", "CudaBackend", "EmulatedBackend", "BACKENDS", "EINSUM", "EMULATED", "CUDA", "resolve"]
 
 BACKENDS = ("auto", "einsum", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """An element-kernel backend: ``name`` is ``"einsum"`` or ``"cuda"`` (hashable, static).
+    """The einsum reference backend: every element kernel as ``jnp.einsum`` contractions.
 
-    Every method has the contract of the einsum reference it names; ``u: (..., E, n, n, n)``,
-    leading axes (vector components) in one call.
+    Hashable and static on a discretization. Every method is the readable truth its
+    overrides are tested against: the SEM operators take ``u: (..., E, n, n, n)``, leading
+    axes (vector components) in one call; the DG right-hand sides take the discretization,
+    the model's coefficient pytree and the field (:mod:`jaxsem.models.maxwell`,
+    :mod:`jaxsem.models.advection`).
     """
 
-    name: str = "einsum"
-
-    def __post_init__(self):
-        if self.name not in ("einsum", "cuda"):
-            raise ValueError(f"backend name must be 'einsum' or 'cuda', got {self.name!r}")
-
-    @property
-    def transposable(self) -> bool:
-        """Whether JAX can transpose the operators as linear maps (only the einsum path)."""
-        return self.name == "einsum"
-
-    @property
-    def gs_layout(self) -> str:
-        """Gather–scatter layout on one device: the CUDA gather kernel (``"csr"``) or ``"segment"``."""
-        return "csr" if self.name == "cuda" else "segment"
+    name: ClassVar[str] = "einsum"
+    #: Whether JAX can transpose the SEM operators as linear maps (the solvers' derivative rule).
+    transposable: ClassVar[bool] = True
+    #: Gather–scatter layout on one device: ``"segment"`` sums or the CUDA gather kernel (``"csr"``).
+    gs_layout: ClassVar[str] = "segment"
 
     def mass(self, u, J, B, h=None):
         """:func:`jaxsem.operators.mass.mass`: ``Jᵀ⊗Jᵀ⊗Jᵀ (hB ⊙ J⊗J⊗J u)``."""
-        if self.name == "cuda":
-            from . import cuda
-
-            return cuda.mass_cuda(u, J, B, h)
         return mass(u, J, B, h)
 
     def stiffness(self, u, J, Dt, G, h=None):
         """:func:`jaxsem.operators.stiffness.stiffness` on Gauss points."""
-        if self.name == "cuda":
-            from . import cuda
-
-            return cuda.stiffness_cuda(u, J, Dt, G, h)
         return stiffness(u, J, Dt, G, h)
 
     def stiffness_gll(self, u, D, G, h=None):
         """:func:`jaxsem.operators.stiffness.stiffness_gll`: collocated on GLL points (BK5/BK6)."""
-        if self.name == "cuda":
-            from . import cuda
-
-            return cuda.stiffness_gll_cuda(u, D, G, h)
         return stiffness_gll(u, D, G, h)
-
 
     def stiffness_gll_assembled(self, x, idx, D, G, h=None):
         """BK5/BK6 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness_gll(Q x)`` with ``Q x`` =
         ``x`` taken at ``idx: (E, n, n, n)`` (0 where ``idx >= nf``, the Dirichlet nodes) and Qᵀ the
-        sum of the copies; the CUDA kernel does all three in one launch."""
-        if self.name == "cuda":
-            from . import cuda
-
-            return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
+        sum of the copies."""
         return stiffness_gll_assembled(x, idx, D, G, h)
 
     def stiffness_assembled(self, x, idx, J, Dt, G, h=None):
         """BK3/BK4 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness(Q x)`` on Gauss points
-        (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`); one CUDA launch."""
-        if self.name == "cuda":
-            from . import cuda
-
-            return cuda.stiffness_assembled_cuda(x, idx, J, Dt, G, h)
+        (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`)."""
         return stiffness_assembled(x, idx, J, Dt, G, h)
 
+    def maxwell_curls(self, dg, q, form):
+        """``(∇×E, ∇×H)`` of ``q: (6, E, n, n, n)`` in the volume form ``"split"`` or ``"chain"``
+        (no fluxes; :func:`jaxsem.backends._maxwell_ref.curls`)."""
+        return mx_ref.curls(dg, q, form)
 
-EINSUM = Backend("einsum")
+    def maxwell_rhs(self, dg, mat, q, flux, bc, form):
+        """The SEDG Maxwell dq/dt on this rank, ``q: (6, E, n, n, n)``: the face exchange, then
+        curls and fluxes (:func:`jaxsem.backends._maxwell_ref.rhs`)."""
+        return mx_ref.rhs(dg, mat, q, flux, bc, form)
+
+    def advection_rhs(self, dg, tr, u, flux, form):
+        """The DG advection du/dt on this rank, ``u: (E, n, n, n)``: the face exchange, then the
+        volume and surface terms (:func:`jaxsem.backends._advection_ref.rhs`)."""
+        return adv_ref.rhs(dg, tr, u, flux, form)
+
+
+class _LocalKernels:
+    """The fused kernels' values in einsum form (what :class:`EmulatedBackend` computes)."""
+
+    def maxwell_kernel(self, dg, mat, q, flux, bc):
+        """The local Maxwell operator (chain curl, neighbours through ``dg.nbr``, remote mirrored)."""
+        return mx_ref.rhs_local(dg, mat, q, flux, bc)
+
+    def maxwell_material_kernel_vjp(self, dg, mat, q, ct, flux, bc):
+        """The cotangents of ``mat``'s fields for a cotangent ``ct`` of :meth:`maxwell_kernel` at fixed ``q``."""
+        return mx_ref.material_vjp(dg, mat, q, ct, flux, bc)
+
+    def advection_kernel(self, dg, tr, u, flux, form):
+        """The local advection operator (neighbours through ``dg.nbr``, remote ones 0)."""
+        return adv_ref.rhs_local(dg, tr, u, flux, form)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatedBackend(FusedDG, _LocalKernels, Backend):
+    """The CUDA backend's dispatch and derivative rules with einsum values, on any platform.
+
+    The DG right-hand sides take the fused path exactly where :class:`CudaBackend` does (the same
+    primitives, transpose and material-adjoint rules, halo correction), each kernel's value
+    computed by the einsum local operator: tests of that path need no GPU. The SEM operators
+    are the einsum reference's.
+    """
+
+    name: ClassVar[str] = "emulated"
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaBackend(FusedDG, Backend):
+    """Hand-written CUDA kernels through the XLA FFI (:mod:`jaxsem.backends.cuda`).
+
+    Overrides the SEM operators (one launch per application; tangents the einsum reference's,
+    no transpose: solvers differentiate them through a custom rule), the single-device
+    gather–scatter (one gather kernel) and the DG kernels of :class:`FusedDG`; inherits the rest
+    (the Maxwell split form on curved meshes) from :class:`Backend`.
+    """
+
+    name: ClassVar[str] = "cuda"
+    transposable: ClassVar[bool] = False
+    gs_layout: ClassVar[str] = "csr"
+
+    def mass(self, u, J, B, h=None):
+        return cuda.mass_cuda(u, J, B, h)
+
+    def stiffness(self, u, J, Dt, G, h=None):
+        return cuda.stiffness_cuda(u, J, Dt, G, h)
+
+    def stiffness_gll(self, u, D, G, h=None):
+        return cuda.stiffness_gll_cuda(u, D, G, h)
+
+    def stiffness_gll_assembled(self, x, idx, D, G, h=None):
+        return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
+
+    def stiffness_assembled(self, x, idx, J, Dt, G, h=None):
+        return cuda.stiffness_assembled_cuda(x, idx, J, Dt, G, h)
+
+    def maxwell_kernel(self, dg, mat, q, flux, bc):
+        """:func:`jaxsem.backends.cuda.maxwell_rhs_cuda` (no derivative rule of its own)."""
+        return cuda.maxwell_rhs_cuda(q, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE, mat.cH, mat.aH,
+                                     dg.nbr, flux == "upwind", bc == "pmc")
+
+    def maxwell_material_kernel_vjp(self, dg, mat, q, ct, flux, bc):
+        """:func:`jaxsem.backends.cuda.maxwell_material_vjp_cuda`, as a pytree like ``mat``."""
+        gn, gf = cuda.maxwell_material_vjp_cuda(q, ct, dg.D, dg.rx, mat.eps, mat.mu, dg.normal, mat.cE, mat.aE,
+                                                mat.cH, mat.aH, dg.nbr, flux == "upwind", bc == "pmc")
+        return mx_ref.material_from(mat, gn, gf)
+
+    def advection_kernel(self, dg, tr, u, flux, form):
+        """:func:`jaxsem.backends.cuda.advection_rhs_cuda`."""
+        return cuda.advection_rhs_cuda(u, dg.D, tr.A, dg.jac, tr.an, tr.vn, tr.lw, dg.nbr, form, flux == "upwind")
+
+
+EINSUM = Backend()
+EMULATED = EmulatedBackend()
+CUDA = CudaBackend()
 
 
 def resolve(backend: str | Backend, order: int, q: int, dtype, distributed: bool = False) -> Backend:
@@ -120,8 +197,6 @@ def resolve(backend: str | Backend, order: int, q: int, dtype, distributed: bool
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "einsum":
         return EINSUM
-    from . import cuda
-
     n = order + 1
     why = None
     if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
@@ -133,7 +208,7 @@ def resolve(backend: str | Backend, order: int, q: int, dtype, distributed: bool
     elif not cuda.cuda_available():
         why = "no CUDA GPU as JAX's default backend, or no nvcc to build the kernels"
     if why is None:
-        return Backend("cuda")
+        return CUDA
     if backend == "cuda":
         raise ValueError(f"backend 'cuda' cannot run here: {why}; use backend='auto' or 'einsum'")
     return EINSUM

@@ -71,16 +71,34 @@ def quadrature(order: int, kind: str = "gll", q: int | None = None) -> Quadratur
 
 def to_quadrature(u, J):
     """Interpolate ``u: (..., E, n, n, n)`` to quadrature points: ``(..., E, q, q, q)``."""
-    u = jnp.einsum("ai,...kji->...kja", J, u)
-    u = jnp.einsum("bj,...kja->...kba", J, u)
-    return jnp.einsum("ck,...kba->...cba", J, u)
+    return _along(J, _along(J, _along(J, u, 0), 1), 2)
 
 
-def _grad_ref(x, J, Dt):
-    """∂x/∂(r, s, t) at quadrature points: ``(3 [r,s,t], 3 [x,y,z], E, q, q, q)``."""
-    xr = jnp.einsum("ck,bj,ai,dekji->decba", J, J, Dt, x)
-    xs = jnp.einsum("ck,bj,ai,dekji->decba", J, Dt, J, x)
-    xt = jnp.einsum("ck,bj,ai,dekji->decba", Dt, J, J, x)
+def _along(M, u, axis: int):
+    """``Σ_i M[a, i] u[..., i, ...]`` along node axis ``axis`` (0: i, 1: j, 2: k) of
+    ``u: (..., k, j, i)``; ``M: (q, n)``.
+
+    Written as n broadcast multiply-adds, which XLA fuses into one elementwise loop (a
+    ``dot_general`` of a 4×4 matrix with a strided axis transposes the operand on a CPU).
+    """
+    ax = u.ndim - 1 - axis
+    shape = [1] * u.ndim
+    shape[ax] = M.shape[0]
+    out = None
+    for i in range(M.shape[1]):
+        t = M[:, i].reshape(shape) * jax.lax.slice_in_dim(u, i, i + 1, axis=ax)
+        out = t if out is None else out + t
+    return out
+
+
+def _grad_ref(x, J, Dt, collocated: bool):
+    """∂x/∂(r, s, t) at quadrature points: ``(3 [r,s,t], 3 [x,y,z], E, q, q, q)`` (sum
+    factorization; on the GLL rule J = I, one derivative per direction)."""
+    if collocated:
+        return jnp.stack([_along(Dt, x, a) for a in range(3)])
+    xr = _along(J, _along(J, _along(Dt, x, 0), 1), 2)
+    xs = _along(J, _along(Dt, _along(J, x, 0), 1), 2)
+    xt = _along(Dt, _along(J, _along(J, x, 0), 1), 2)
     return jnp.stack([xr, xs, xt])
 
 
@@ -113,9 +131,13 @@ def geometric_factors(x, quad: Quadrature, check: bool = True) -> Geometry:
         n = quad.order + 1
         raise ValueError(f"x must have shape (3, E, {n}, {n}, {n}), got {tuple(x.shape)}")
     dt = x.dtype
-    geom = factors(x, jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
+    args = (jnp.asarray(quad.J, dt), jnp.asarray(quad.Dt, dt), jnp.asarray(quad.w, dt), quad.collocated)
+    if isinstance(x, jax.core.Tracer):
+        return factors(x, *args)
+    platform = next(iter(x.devices())).platform
+    geom, jmin = _factors_blocked(x, *args, _block_size(x.shape[1], quad.q, platform))
     if check:
-        check_orientation(geom.jac)
+        _check_min(np.asarray(jmin))
     return geom
 
 
@@ -124,7 +146,11 @@ def check_orientation(jac, valid=None) -> None:
     somewhere (inverted or degenerate); ``valid: (E,)`` skips pad elements. Nothing when traced."""
     if isinstance(jac, jax.core.Tracer):
         return
-    jmin = np.asarray(jnp.min(jac.reshape(jac.shape[0], -1), axis=1))
+    _check_min(np.asarray(jnp.min(jac.reshape(jac.shape[0], -1), axis=1)), valid)
+
+
+def _check_min(jmin: np.ndarray, valid=None) -> None:
+    """:func:`check_orientation` from the per-element minima ``jmin: (E,)``."""
     ok = jmin > 0 if valid is None else (jmin > 0) | ~np.asarray(valid, bool)
     bad = np.nonzero(~ok)[0]
     if bad.size:
@@ -144,7 +170,7 @@ def factors(x, J, Dt, w, collocated):
     What :func:`geometric_factors` computes, for callers that differentiate through the
     coordinates (``SEM.with_coordinates``) or hold the matrices already.
     """
-    g = _grad_ref(x, J, Dt)  # g[a, d] = ∂x_d/∂r_a
+    g = _grad_ref(x, J, Dt, collocated)  # g[a, d] = ∂x_d/∂r_a
     xr, xs, xt = g[0], g[1], g[2]
     cross = lambda a, b: jnp.stack(
         [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
@@ -157,3 +183,42 @@ def factors(x, J, Dt, w, collocated):
     G = jnp.stack([B * jnp.sum(rx[a] * rx[b], axis=0) for a, b in G_PAIRS])
     xq = x if collocated else to_quadrature(x, J)
     return Geometry(G=G, B=B, jac=jac, rx=rx, xq=xq)
+
+
+def _block_size(E: int, q: int, platform: str) -> int:
+    """Elements per block of :func:`_factors_blocked`, at most E: about 2¹² quadrature points
+    on a CPU (each intermediate stays in cache; fastest of 2⁹–2²² at 32³ and 16³ elements,
+    docs/performance.md), 2²² on an accelerator (a few dozen blocks per mesh)."""
+    return max(1, min(E, (2**12 if platform == "cpu" else 2**22) // q**3))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _factors_blocked(x, J, Dt, w, collocated, block):
+    """:func:`factors` of ``x: (3, E, n, n, n)`` computed ``block`` elements at a time, and the
+    minimum Jacobian per element ``(E,)``.
+
+    The values of :func:`factors` (to round-off), in a loop that writes each block into the outputs
+    (one allocation each): the whole-mesh form materialises every intermediate on all E·q³
+    points, many GB at 84³ elements. The last block is shifted back to end at E (it
+    recomputes a few elements). For concrete set-up; :func:`factors` is the one to
+    differentiate.
+    """
+    E = x.shape[1]
+    q = J.shape[0]
+    dt = x.dtype
+    out = Geometry(G=jnp.zeros((6, E, q, q, q), dt), B=jnp.zeros((E, q, q, q), dt),
+                   jac=jnp.zeros((E, q, q, q), dt), rx=jnp.zeros((3, 3, E, q, q, q), dt),
+                   xq=x if collocated else jnp.zeros((3, E, q, q, q), dt))
+    jmin = jnp.zeros((E,), dt)
+
+    def body(b, carry):
+        out, jmin = carry
+        e0 = jnp.minimum(b * block, E - block)
+        g = factors(jax.lax.dynamic_slice_in_dim(x, e0, block, axis=1), J, Dt, w, collocated)
+        put = lambda o, v: jax.lax.dynamic_update_slice_in_dim(o, v, e0, axis=o.ndim - 4)
+        fields = ("G", "B", "jac", "rx") + (() if collocated else ("xq",))
+        out = dataclasses.replace(out, **{f: put(getattr(out, f), getattr(g, f)) for f in fields})
+        jmin = jax.lax.dynamic_update_slice(jmin, jnp.min(g.jac.reshape(block, -1), axis=1), (e0,))
+        return out, jmin
+
+    return jax.lax.fori_loop(0, -(-E // block), body, (out, jmin))

@@ -83,7 +83,8 @@ def make_assembled(gid: np.ndarray, mask: np.ndarray, num_global: int, exchange:
         raise ValueError(f"assembled storage needs fewer than 2**31 - 1 global nodes, got {num_global}")
     if (exchange is None) != (holders is None):
         raise ValueError("give both exchange and holders (distributed) or neither (one device)")
-    idx = np.where(mask > 0, gid, num_global).astype(np.int32)
+    idx = gid.astype(np.int32)
+    idx[~(mask > 0)] = num_global
     if exchange is None:
         return Assembled(idx=jnp.asarray(idx), size=int(num_global))
     holders = np.asarray(holders)

@@ -56,3 +56,29 @@ class Discretization:
         """``fn(self, *args)`` on each device's block of elements (the transport's
         :meth:`~jaxsem.parallel.comm.Transport.local_map`; a plain call on one device)."""
         return self.comm.local_map(fn, self, *args)
+
+
+class Source:
+    """Where a discretization came from: its mesh and the partition it was split by (host data).
+
+    Kept static on :class:`jaxsem.discretization.SEM` so that another discretization of the
+    same elements (a coarser order for p-multigrid, :func:`jaxsem.discretization.coarsen`)
+    needs neither the mesh nor the partition again. Opaque to JAX's caches: every ``Source``
+    compares equal and hashes alike, so discretizations of equal shapes share compiled
+    programs (nothing traced reads it).
+    """
+
+    __slots__ = ("mesh", "partition")
+
+    def __init__(self, mesh, partition=None):
+        self.mesh = mesh
+        self.partition = None if partition is None else np.asarray(partition)
+
+    def __eq__(self, other):
+        return isinstance(other, Source)
+
+    def __hash__(self):
+        return hash(Source)
+
+    def __repr__(self):
+        return f"Source(mesh of {self.mesh.num_elements} elements, order {self.mesh.order})"

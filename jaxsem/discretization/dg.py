@@ -10,7 +10,7 @@ talk only through their faces.
   :func:`jaxsem.numbering.face_slice`). ``lift_faces`` is its transpose: it adds
   face values back into the volume (edge and corner nodes collect from every
   face they lie on).
-* **Face-point numbering.** :func:`face_connectivity` gives every element face
+* **Face-point numbering.** :func:`face_connectivity` (:mod:`jaxsem.mesh.faces`) gives every element face
   point an id such that exactly the two coinciding points of the two faces of a
   shared (or periodic) face share it; boundary points keep a private id. The
   orientation of the neighbour's face is found from the element-to-vertex
@@ -19,9 +19,8 @@ talk only through their faces.
 * **Exchange, NekCEM's way.** Each element writes its face values; an additive
   gather–scatter over the face-point ids returns, at every face point, own +
   neighbour (own alone on the boundary). All field components travel in ONE
-  call on a ``(C, E, 6, n, n)`` stack. The exchange is a plain function
-  ``fu -> Σ copies`` (:func:`face_exchange`), so a distributed one (one packed
-  message per neighbour rank) can replace it without touching the physics.
+  call on a ``(C, E, 6, n, n)`` stack (:func:`face_exchange`); distributed, one
+  packed message per neighbour rank, with the physics unchanged.
 * **Normals and lifting.** On the face of reference axis a at r_a = ±1 the
   area vector is ``n·sJ = ±jac·∇r_a`` (Nanson), so ``n = ±∇r_a/|∇r_a|`` and
   ``sJ = jac·|∇r_a|``. With GLL quadrature on the faces the surface integral
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,14 +40,15 @@ import numpy as np
 
 from ..backends import Backend, resolve as resolve_backend
 from ..core import basis
-from ..parallel.comm import Comm, resolve_collective
+from ..parallel.comm import Comm
 from . import shard
 from .base import Discretization
 from .gather_scatter import (GatherScatter, exchange_received, gs_apply, make_gs, make_gs_distributed,
                              received_positions)
 from ..core.geometry import geometric_factors, quadrature
 from ..mesh.box import Mesh
-from ..mesh.numbering import FACE_CORNERS, Numbering, face_slice, number_nodes
+from ..mesh.faces import FaceConnectivity, face_connectivity
+from ..mesh.numbering import Numbering, face_slice
 from ..mesh.partition import partition_mesh
 
 __all__ = [
@@ -61,116 +60,7 @@ __all__ = [
     "lift_faces",
     "face_exchange",
     "neighbor_values",
-    "Exchange",
 ]
-
-Exchange = Callable[[jax.Array], jax.Array]
-"""An exchange maps face values ``(C, E, 6, n, n)`` to the sum over the copies of
-each face point (own + neighbour's; own alone on the boundary)."""
-
-# The 8 maps of the face-local index square onto itself, (u, v) -> (u', v'):
-# (swap, flip_u, flip_v) applied as: swap axes, then flip.
-_ORIENTATIONS = [(s, fu, fv) for s in (0, 1) for fu in (0, 1) for fv in (0, 1)]
-
-
-def _orient(u, v, N, o):
-    s, fu, fv = o
-    if s:
-        u, v = v, u
-    if fu:
-        u = N - u
-    if fv:
-        v = N - v
-    return u, v
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class FaceConnectivity:
-    """Face-to-face connectivity of a DG mesh (host-side, NumPy).
-
-    Attributes (E elements, n = N + 1 points per direction):
-      neighbors: ``(E, 6, 2)`` ``(element, face)`` across each face, ``-1`` on the
-        boundary (periodic pairs are neighbours).
-      partner: ``(E, 6, n, n)`` flat index into ``(E, 6, n, n)`` face points of
-        the coinciding point of the neighbour face, ``-1`` on the boundary.
-      fid: ``(E, 6, n, n)`` face-point ids in ``[0, num_ids)``: a point and its
-        partner share one id, every other id is private. Ids depend only on
-        global element and face numbers, so a distributed plan can key on them.
-      boundary: ``(E, 6)`` bool, the face is on the domain boundary.
-      periodic: ``(E, 6)`` bool, the face is one side of a periodic pair.
-      num_ids: number of distinct face-point ids.
-    """
-
-    neighbors: np.ndarray
-    partner: np.ndarray
-    fid: np.ndarray
-    boundary: np.ndarray
-    periodic: np.ndarray
-    num_ids: int
-
-
-def face_connectivity(mesh: Mesh, numbering: Numbering | None = None) -> FaceConnectivity:
-    """Pair the face points of neighbouring elements (see module docstring).
-
-    Interior faces are oriented by matching their corner vertex ids
-    (``mesh.cells``); periodic pairs by the translation convention of
-    ``mesh.periodic_faces``. Raises ``ValueError`` if a shared face's corners
-    do not match under any of the 8 orientations.
-    """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
-    numbering = number_nodes(mesh) if numbering is None else numbering
-    nb = np.asarray(numbering.face_neighbors, dtype=np.int64)
-    E, N = mesh.num_elements, mesh.order
-    n = N + 1
-    cells = np.asarray(mesh.cells, dtype=np.int64)
-
-    periodic = np.zeros((E, 6), dtype=bool)
-    pf = np.asarray(mesh.periodic_faces, dtype=np.int64).reshape(-1, 4)
-    periodic[pf[:, 0], pf[:, 1]] = True
-    periodic[pf[:, 2], pf[:, 3]] = True
-
-    # For each of the 8 orientations: where corner c of my face sits on the neighbour's
-    # face, and the neighbour's flat (v, u) index of each of my nodes.
-    vv, uu = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")  # [v, u]
-    corner_of = np.array([[mu + 2 * mv for mu, mv in (_orient(cu, cv, 1, o) for cu, cv in
-                                                       [(0, 0), (1, 0), (0, 1), (1, 1)])] for o in _ORIENTATIONS])
-    node_of = np.stack([(lambda u2, v2: v2 * n + u2)(*_orient(uu, vv, N, o)) for o in _ORIENTATIONS])  # (8, n, n)
-
-    has = nb[:, :, 0] >= 0
-    e2, f2 = np.where(has, nb[:, :, 0], 0), np.where(has, nb[:, :, 1], 0)
-    g = cells[:, FACE_CORNERS]  # (E, 6, 4) vertex ids, face-local corner order
-    g2 = g[e2, f2]
-    match = np.stack([np.all(g2[:, :, corner_of[o]] == g, axis=-1) for o in range(8)], axis=-1)  # (E, 6, 8)
-    match[periodic] = False
-    match[periodic, 0] = True  # periodic pairs: (u, v) ↔ (u, v), a translation
-    bad = has & ~match.any(axis=-1)
-    if bad.any():
-        e, f = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"face {f} of element {e} and face {nb[e, f, 1]} of element {nb[e, f, 0]} are neighbours "
-            f"but their corner vertices {g[e, f].tolist()} / {g2[e, f].tolist()} do not match"
-        )
-    o = np.argmax(match, axis=-1)  # (E, 6)
-    partner = ((e2 * 6 + f2) * n * n)[:, :, None, None] + node_of[o]
-    partner = np.where(has[:, :, None, None], partner, -1).astype(np.int64)
-
-    # Ids: one per pair of partner points, keyed by the smaller flat index.
-    flat = np.arange(E * 6 * n * n).reshape(E, 6, n, n)
-    key = np.where(partner >= 0, np.minimum(flat, partner), flat)
-    if np.any(partner >= 0):
-        p = partner.ravel()
-        has = p >= 0
-        if not np.array_equal(p[p[has]], np.nonzero(has)[0]):
-            raise ValueError("face connectivity is not symmetric (a face point's partner points elsewhere)")
-    _, fid = np.unique(key.ravel(), return_inverse=True)
-    fid = fid.reshape(E, 6, n, n)
-    boundary = nb[:, :, 0] < 0
-    return FaceConnectivity(nb, partner, fid, boundary, periodic, int(fid.max()) + 1)
-
-
-# ----------------------------------------------------------------------------- face <-> volume
-
 
 def faces(u):
     """Face values of volume fields: ``(..., E, n, n, n)`` → ``(..., E, 6, n, n)`` ``[v, u]``."""
@@ -230,8 +120,8 @@ class DG(Discretization):
         values arrive as ``received[halo_map]``.
       num_global_elements: elements of the whole mesh (static; 0: same as E).
       comm: the transport (static, :class:`jaxsem.parallel.comm.Transport`).
-      backend: static :class:`jaxsem.backends.Backend` chosen by :func:`discretize_dg`; with
-        ``"cuda"`` the Maxwell right-hand side (chain-rule curl) runs as one fused kernel.
+      backend: static :class:`jaxsem.backends.Backend` chosen by :func:`discretize_dg`: it
+        computes the DG right-hand sides (with CUDA, each as one fused kernel).
       nbr: ``(E, 6, n, n)`` int32: the volume index ``e'·n³ + node`` (in this rank's
         elements) of the neighbour's node coinciding with each face point, −1 on the boundary
         and, distributed, where the neighbour lives on another rank (pads: −1), through which
@@ -275,7 +165,24 @@ class DG(Discretization):
         return self.mass
 
     def faces(self, u):
+        """:func:`faces`: ``(..., E, n, n, n)`` → ``(..., E, 6, n, n)``."""
         return faces(u)
+
+    def lift_faces(self, fu):
+        """:func:`lift_faces`: ``(..., E, 6, n, n)`` → ``(..., E, n, n, n)``."""
+        return lift_faces(fu)
+
+    def face_exchange(self, fu):
+        """:func:`face_exchange`: Σ over the copies of each face point, ``fu: (C, E, 6, n, n)``."""
+        return face_exchange(self, fu)
+
+    def local_neighbors(self, u):
+        """:func:`local_neighbor_values`: the neighbour values held here, read through :attr:`nbr`."""
+        return local_neighbor_values(self, u)
+
+    def remote_values(self, u):
+        """:func:`remote_values`: the other ranks' values at the halo elements' face points."""
+        return remote_values(self, u)
 
 
 def discretize_dg(
@@ -287,7 +194,6 @@ def discretize_dg(
     partition: np.ndarray | None = None,
     devices=None,
     backend: str | Backend = "auto",
-    collective: str = "auto",
 ) -> DG:
     """Metric terms, face normals, surface Jacobians, lift and face exchange plan of ``mesh``.
 
@@ -300,9 +206,9 @@ def discretize_dg(
     message per neighbour rank (:func:`jaxsem.gather_scatter.make_gs_distributed`).
     ``devices``: several devices (as :func:`jaxsem.discretize`): global arrays split
     over them along the element axis, JAX's own transport. ``backend``: ``"auto"`` (the fused
-    CUDA kernel where it runs), ``"einsum"`` or ``"cuda"`` (see
-    :mod:`jaxsem.backends`); resolved here, once. ``collective``: with ``devices``, the
-    face exchange's collective, as :func:`jaxsem.discretize`.
+    CUDA kernels where they run), ``"einsum"``, ``"cuda"`` or a
+    :class:`jaxsem.backends.Backend` (e.g. ``EMULATED``, see :mod:`jaxsem.backends`); resolved
+    here, once.
 
     Raises ``ValueError`` for an inverted element (from
     :func:`jaxsem.geometry.geometric_factors`), a bad dtype or a bad partition.
@@ -312,7 +218,6 @@ def discretize_dg(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    resolve_collective(collective, 1)  # a bad name fails here, before any work
     conn = face_connectivity(mesh, numbering) if connectivity is None else connectivity
     if devices is not None and not (isinstance(devices, (int, np.integer)) and devices == 1):
         if comm is not None:
@@ -320,7 +225,7 @@ def discretize_dg(
         return shard.distribute(
             lambda c, part: discretize_dg(mesh, dtype, numbering, conn, c, part, backend=backend), mesh, devices,
             partition,
-            pad_extra=_pad_halo, collective=collective)
+            pad_extra=_pad_halo)
     comm = Comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm must be a jaxsem.parallel.Comm, got {type(comm).__name__} "
@@ -503,7 +408,7 @@ def remote_values(dg: DG, u):
     return jnp.take(received, dg.halo_map, axis=-1), dg.halo_map < K
 
 
-def neighbor_values(dg: DG, fu, exchange: Exchange | None = None):
-    """The neighbour's values at each face point: ``exchange(fu) − fu`` (0 on the boundary)."""
-    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
-    return ex(fu) - fu
+def neighbor_values(dg: DG, fu):
+    """The neighbour's values at each face point ``fu: (C, E, 6, n, n)``: the face exchange
+    minus own (0 on the boundary)."""
+    return face_exchange(dg, fu) - fu

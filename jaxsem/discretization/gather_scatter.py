@@ -22,8 +22,14 @@ sums of the shared nodes are exchanged with each neighbour rank in one packed
 message per neighbour (:class:`Exchange`), in an edge-coloured order of rounds
 in which every rank has at most one partner, so the pairwise ``sendrecv`` calls
 cannot deadlock; each rank adds what its neighbours sent (their own partial
-sums), which gives the global sum on every copy. The transpose (``jax.grad``)
-is the same exchange through mpi4jax's transpose rules.
+sums), which gives the global sum on every copy. The exchange is ordered as
+Neko's gather–scatter (``gs``): sum the shared nodes' local copies and
+send them, do the whole local gather–scatter, which needs no message, then add
+the received sums on the shared nodes' copies. A plan numbers its shared nodes
+first (:func:`make_gs_distributed`), so that the messages come from a sum over
+the shared copies alone, and the compiler is free to run the local part while
+the messages travel. The transpose (``jax.grad``) is the same exchange through
+mpi4jax's transpose rules.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import numpy as np
 
 from ..backends.cuda import gs_csr_cuda
 from ..mesh.partition import rank_pairs
-from ..parallel import comm as _comm
+from ..parallel.comm import Comm
 
 __all__ = ["GatherScatter", "Exchange", "make_gs", "make_gs_distributed", "gs_apply", "csr_gather",
            "exchange_received", "received_positions", "LAYOUTS"]
@@ -129,7 +135,10 @@ class GatherScatter:
     ``mult: (E, n, n, n)`` inverse
     multiplicity 1/(number of copies, over all ranks); ``num_global``: the
     number of distinct nodes this plan sums into (on one rank, all nodes);
-    ``exchange``: the neighbour exchange when distributed, else None;
+    ``exchange``: the neighbour exchange when distributed, else None; then the
+    plan's nodes ``[0, num_shared)`` are those shared with other ranks and
+    ``shared: (L_s,)`` int32 the positions of their copies in the E-vector
+    (positions ≥ L: padding, ignored);
     ``csr_off: (L + 1,)``, ``csr_idx: (nnz,)`` int32 (``"csr"`` layout, else
     None): local node i sums the copies ``csr_idx[csr_off[i]:csr_off[i + 1]]``,
     an empty row keeps its value.
@@ -142,56 +151,84 @@ class GatherScatter:
     exchange: Exchange | None = None
     csr_off: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
     csr_idx: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
+    shared: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
+    num_shared: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     def __call__(self, u):
         return gs_apply(self, u)
 
 
 def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp.float64,
-            counts: np.ndarray | None = None, exchange: Exchange | None = None) -> GatherScatter:
+            counts: np.ndarray | None = None, exchange: Exchange | None = None,
+            num_shared: int = 0) -> GatherScatter:
     """Build a :class:`GatherScatter` from ``gid: (E, n, n, n)`` node ids in ``[0, num_global)``.
 
-    ``counts`` (multiplicity per node, default: copies in ``gid``) and
-    ``exchange`` are for distributed plans (:func:`make_gs_distributed`).
+    ``counts`` (multiplicity per node, default: copies in ``gid``), ``exchange`` and
+    ``num_shared`` (the nodes ``[0, num_shared)`` are shared with other ranks, every
+    node ``exchange`` sends among them) are for distributed plans
+    (:func:`make_gs_distributed`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "csr" and exchange is not None:
         layout = "segment"  # the gather kernel serves one device; a distributed plan sums segments
     gid = np.asarray(gid)
-    flat = gid.reshape(-1).astype(np.int64)
+    flat = gid.reshape(-1).astype(np.int64, copy=False)
     L = flat.size
     local_counts = np.bincount(flat, minlength=num_global)
     counts = local_counts if counts is None else np.asarray(counts)
     itype = np.int32 if L < 2**31 - 1 else np.int64
-    mult = (1.0 / counts[flat]).reshape(gid.shape)
+    gid_dev = jnp.asarray(flat.astype(itype))
+    with np.errstate(divide="ignore"):  # a node with no copy here is never gathered
+        inverse = jnp.asarray(1.0 / counts, dtype=dtype)
+    mult = jnp.take(inverse, gid_dev).reshape(gid.shape)  # gathered where the plan lives: E·n³ values not sent
     csr_off = csr_idx = None
     if layout == "csr":
-        perm = np.argsort(flat, kind="stable")
-        starts = np.concatenate([[0], np.cumsum(local_counts)[:-1]])
-        # row i (a copy of a shared node g) lists all copies of g in ascending local position:
-        # perm[starts[g] : starts[g] + count[g]] (perm is a stable sort by id)
-        deg = np.where(local_counts[flat] > 1, local_counts[flat], 0)
-        off = np.concatenate([[0], np.cumsum(deg)])
-        nnz = int(off[-1])
+        shared_counts = local_counts[local_counts > 1]
+        nnz = int(np.sum(shared_counts * shared_counts))  # each of a node's c copies lists all c
         if nnz >= 2**31 - 1 or L >= 2**31 - 1:
             raise ValueError(f"layout 'csr' needs fewer than 2**31 local nodes and copies, got L = {L}, nnz = {nnz}")
-        rows = np.nonzero(deg)[0]
-        within = np.arange(nnz) - np.repeat(off[rows], deg[rows])
-        csr_idx = jnp.asarray(perm[np.repeat(starts[flat[rows]], deg[rows]) + within].astype(np.int32))
-        csr_off = jnp.asarray(off.astype(np.int32))
+        csr_off, csr_idx = _csr_rows(gid_dev, jnp.asarray(local_counts.astype(np.int32)), nnz)
+    shared = None
+    if exchange is not None:
+        if any(np.size(i) and int(np.max(i)) >= num_shared for i in exchange.idx):
+            raise ValueError(f"exchange sends nodes outside the shared nodes [0, num_shared = {num_shared})")
+        shared = jnp.asarray(np.nonzero(flat < num_shared)[0].astype(itype))
     return GatherScatter(
-        gid=jnp.asarray(flat.astype(itype)),
-        mult=jnp.asarray(mult, dtype=dtype),
+        gid=gid_dev,
+        mult=mult,
         num_global=int(num_global),
         layout=layout,
         exchange=exchange,
         csr_off=csr_off,
         csr_idx=csr_idx,
+        shared=shared,
+        num_shared=int(num_shared) if exchange is not None else 0,
     )
 
 
-def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dtype=jnp.float64):
+@functools.partial(jax.jit, static_argnums=2)
+def _csr_rows(flat, counts, nnz: int):
+    """The ``"csr"`` rows of ids ``flat: (L,)`` int32 with ``counts: (N,)`` copies per id:
+    ``(csr_off (L + 1,), csr_idx (nnz,))`` int32.
+
+    Row i (a copy of a shared node g) lists all copies of g in ascending local position,
+    ``perm[starts[g] : starts[g] + counts[g]]`` with ``perm`` the stable sort by id. On the
+    device that holds the plan: a sort of the E·n³ ids there takes milliseconds on a GPU,
+    seconds on the host.
+    """
+    L = flat.shape[0]
+    perm = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    starts = jnp.cumsum(counts) - counts
+    c = counts[flat]
+    deg = jnp.where(c > 1, c, 0)
+    off = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(deg, dtype=jnp.int32)])
+    row = jnp.repeat(jnp.arange(L, dtype=jnp.int32), deg, total_repeat_length=nnz)
+    within = jnp.arange(nnz, dtype=jnp.int32) - off[row]
+    return off, perm[starts[flat[row]] + within]
+
+
+def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: Comm, dtype=jnp.float64):
     """This rank's gather–scatter plan, from the global numbering and the partition.
 
     Args:
@@ -201,7 +238,9 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dty
       comm: the communicator; ``comm.rank`` picks this rank's elements.
     Returns ``(plan, elements, holders)``: the plan over this rank's elements, their
     global indices ``(E_local,)`` (ascending), and ``holders: (plan.num_global,)`` the
-    number of ranks holding each of the plan's nodes (1 off the interfaces).
+    number of ranks holding each of the plan's nodes (1 off the interfaces). The plan
+    numbers this rank's nodes shared with other ranks first, then the others, each
+    in ascending global id.
     """
     gid = np.asarray(gid)
     part = np.asarray(part, dtype=np.int64)
@@ -219,8 +258,14 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dty
     if elements.size == 0:
         raise ValueError(f"rank {comm.rank} has no elements in the partition")
     local_gid = gid[elements]
-    uniq = np.nonzero(has[comm.rank])[0]  # this rank's nodes, ascending in global id
-    lid = (np.cumsum(has[comm.rank]) - 1)[local_gid.reshape(-1)]  # their local ids (no sort)
+    mine = has[comm.rank]
+    holders_g = sum(h.astype(np.int32) for h in has)
+    is_shared = mine & (holders_g > 1)
+    # this rank's nodes, shared ones first (the messages read [0, num_shared) only), each ascending
+    uniq = np.concatenate([np.nonzero(is_shared)[0], np.nonzero(mine & ~is_shared)[0]])
+    local_of = np.full(num, -1, np.int64)
+    local_of[uniq] = np.arange(uniq.size)
+    lid = local_of[local_gid.reshape(-1)]
     idx, partners = [], []
     for rnd in rounds:
         partner = next((b if a == comm.rank else a for a, b in rnd if comm.rank in (a, b)), -1)
@@ -228,13 +273,13 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: _comm.Comm, dty
         if partner < 0:
             idx.append(jnp.zeros((0,), jnp.int32))
             continue
-        shared = np.nonzero(has[comm.rank] & has[partner])[0]  # ascending global ids
-        idx.append(jnp.asarray(np.searchsorted(uniq, shared).astype(np.int32)))
+        shared = np.nonzero(mine & has[partner])[0]  # ascending global ids: the order both sides agree on
+        idx.append(jnp.asarray(local_of[shared].astype(np.int32)))
     exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm,
                         rounds=tuple(tuple(map(tuple, rnd)) for rnd in rounds))
-    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, "segment", dtype, counts=counts[uniq], exchange=exchange)
-    holders = sum(h[uniq].astype(np.int32) for h in has)
-    return plan, elements, holders
+    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, "segment", dtype, counts=counts[uniq], exchange=exchange,
+                   num_shared=int(is_shared.sum()))
+    return plan, elements, holders_g[uniq]
 
 
 def _qt(plan: GatherScatter, v):
@@ -249,9 +294,11 @@ def gs_apply(plan: GatherScatter, u):
     """
     shape = u.shape
     lead = shape[: u.ndim - 4]
+    C = int(np.prod(lead)) if lead else 1
     if plan.layout == "csr":
-        C = int(np.prod(lead)) if lead else 1
         return _gs_csr(u.reshape((C, -1)), plan.csr_off, plan.csr_idx, plan.gid, plan.num_global).reshape(shape)
+    if plan.exchange is not None:
+        return _gs_exchange(plan, u.reshape((C, -1))).reshape(shape)
     if lead:
         # one segment_sum over all components, component c's nodes shifted to [c·N, (c+1)·N):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
@@ -259,9 +306,35 @@ def gs_apply(plan: GatherScatter, u):
         s = _component_sums(u.reshape((int(np.prod(lead)), -1)), plan.gid, plan.num_global)
     else:
         s = _qt(plan, u.reshape(-1))
-    if plan.exchange is not None:
-        s = exchange_add(plan.exchange, s)
     return jnp.take(s, plan.gid, axis=-1).reshape(shape)
+
+
+def _gs_exchange(plan: GatherScatter, u2):
+    """QQᵀ of ``u2: (C, L)`` on a distributed plan, in Neko's order: the shared nodes' sums go
+    out first, the local gather–scatter needs no message, the received sums come in last.
+
+    The messages are packed from ``ss: (C, num_shared + 1)``, the local sums of the shared
+    nodes alone (slot ``num_shared``: zero; padded message slots read and write it); what
+    arrives is added on the shared nodes' copies (positions past the E-vector: dropped).
+    """
+    ns = plan.num_shared
+    sid = jnp.take(plan.gid, plan.shared, mode="fill", fill_value=ns)  # padding → the zero slot
+    ss = _sums(jnp.take(u2, plan.shared, axis=-1, mode="fill", fill_value=0), sid, ns + 1)
+    slots = [jnp.minimum(i, ns) for i in plan.exchange.idx]  # padded rounds send the zero slot
+    received = plan.exchange.comm.exchange(plan.exchange, [ss[..., i] for i in slots])
+    out = jnp.take(_sums(u2, plan.gid, plan.num_global), plan.gid, axis=-1)  # needs no message
+    remote = jnp.zeros_like(ss)
+    for i, recv in zip(slots, received):
+        if recv is not None:
+            remote = remote.at[..., i].add(recv)
+    return out.at[..., plan.shared].add(jnp.take(remote, sid, axis=-1), mode="drop")
+
+
+def _sums(u2, gid, N):
+    """Qᵀ of ``u2: (C, L)`` → ``(C, N)``."""
+    if u2.shape[0] == 1:
+        return jax.ops.segment_sum(u2[0], gid, num_segments=N)[None]
+    return _component_sums(u2, gid, N)
 
 
 def _component_sums(u2, gid, N):

@@ -17,9 +17,9 @@ from ..backends import Backend, resolve as resolve_backend
 from ..core import basis
 from ..core import geometry as geo
 from ..core.reduce import weighted_dots
-from ..parallel.comm import Comm, get_comm, resolve_collective
+from ..parallel.comm import Comm, get_comm
 from . import shard
-from .base import Discretization
+from .base import Discretization, Source
 from .assembled import Assembled, make_assembled
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from ..mesh.box import Mesh
@@ -55,6 +55,8 @@ class SEM(Discretization):
         their Krylov vectors with one value per node (per rank's node when distributed, the
         interface nodes on each of their ranks); None (``storage="local"``): they keep
         E-vectors.
+      source: static :class:`~jaxsem.discretization.base.Source`, the mesh and partition it
+        was built from (for :func:`jaxsem.discretization.coarsen`).
 
     Under MPI each rank holds only its elements; sharded over devices the arrays are
     global and split along the element axis (:mod:`jaxsem.discretization.shard`).
@@ -78,6 +80,7 @@ class SEM(Discretization):
     comm: object = dataclasses.field(metadata=dict(static=True), default=Comm())
     backend: Backend = dataclasses.field(metadata=dict(static=True), default=Backend())
     assembled: Assembled | None = None
+    source: Source | None = dataclasses.field(metadata=dict(static=True), default=None)
 
     @property
     def weight(self):
@@ -147,7 +150,6 @@ def discretize(
     partition: np.ndarray | None = None,
     devices=None,
     storage: str = "auto",
-    collective: str = "auto",
 ) -> SEM:
     """Number, measure and plan a mesh.
 
@@ -171,9 +173,6 @@ def discretize(
         is JAX's own (``psum``/``ppermute``), and everything else runs unchanged.
       storage: where solvers keep Krylov vectors: ``"auto"`` (assembled, one value per
         node and rank) or ``"local"`` (E-vectors: the reference).
-      collective: with ``devices``, how the neighbour exchange travels: ``"ppermute"``
-        (one collective per round of rank pairs), ``"all_to_all"`` (one for every round)
-        or ``"auto"`` (the faster measured for the device count); equal results.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -181,7 +180,6 @@ def discretize(
         raise ValueError(f"quadrature must be 'gll' or 'gauss', got {quadrature!r}")
     if storage not in STORAGES:
         raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
-    resolve_collective(collective, 1)  # a bad name fails here, before any work
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
@@ -195,7 +193,7 @@ def discretize(
         return shard.distribute(
             lambda c, part: discretize(mesh, quadrature, dirichlet, backend, dtype, q, numbering, c, part,
                                        storage=storage),
-            mesh, devices, partition, collective=collective)
+            mesh, devices, partition)
     comm = get_comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm must be a jaxsem.parallel.Comm, got {type(comm).__name__} "
@@ -217,7 +215,8 @@ def discretize(
         plan = make_gs(numbering.gid, numbering.num_global, kernels.gs_layout, dtype)
         node_map = lambda: make_assembled(numbering.gid, mask, numbering.num_global)
     assembled = node_map() if storage == "auto" else None
-    x = jnp.asarray(mesh.x[:, elements], dtype=jnp.float64)
+    whole = elements.size == mesh.num_elements  # then elements == arange(E): no copies
+    x = jnp.asarray(mesh.x if whole else mesh.x[:, elements], dtype=jnp.float64)
     geom = geo.geometric_factors(x, quad)
     gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
     cast = lambda a: jnp.asarray(a, dtype)
@@ -228,7 +227,7 @@ def discretize(
         Dt=cast(quad.Dt),
         geom=jax.tree_util.tree_map(cast, geom),
         gs=plan,
-        mask=cast(mask[elements]),
+        mask=cast(mask if whole else mask[elements]),
         bmass=cast(gll.B),
         elements=jnp.asarray(elements),
         w=cast(quad.w),
@@ -238,6 +237,7 @@ def discretize(
         comm=comm,
         backend=kernels,
         assembled=assembled,
+        source=Source(mesh, part if comm.size > 1 else None),
     )
 
 

@@ -16,7 +16,8 @@ zero weights (``mask``, ``bmass``, ``mult``, ``G``, ``B``, ``mass``: declared pe
 field with ``metadata=dict(pad=0)``; other element arrays repeat the block's first
 element so nothing is NaN) and ``elements = −1``. Pad nodes sum into one extra
 "trash" node per block, and every exchange round's index list is padded with its
-position, so pads never touch real nodes. Solvers, norms and errors weight by
+position, so pads never touch real nodes; a plan's list of shared copies is padded
+with a position past the block's end, which the gather–scatter ignores. Solvers, norms and errors weight by
 those zeros, so results on real elements equal an unpadded run's.
 
 Several processes (``jax.distributed``): ``devices`` may span processes; every
@@ -34,7 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..mesh.partition import partition_mesh
-from ..parallel.comm import Comm, ShardComm, element_specs, resolve_collective
+from ..parallel.comm import Comm, ShardComm, element_specs
 from .assembled import Assembled
 from .gather_scatter import Exchange, GatherScatter
 
@@ -79,8 +80,7 @@ def _partition(mesh, P: int, partition) -> np.ndarray:
     return part
 
 
-def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: Callable | None = None,
-               collective: str = "auto"):
+def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: Callable | None = None):
     """Build a discretization over ``devices`` from its rank parts.
 
     Args:
@@ -91,17 +91,13 @@ def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: C
       partition: ``(E,)`` rank of each element (default :func:`partition_mesh`).
       pad_extra: ``pad_extra(parts, padded, sizes)`` → the padded parts with the
         fields the generic rules do not cover (DG's halo lists).
-      collective: the exchange's collective (:data:`jaxsem.parallel.comm.COLLECTIVES`):
-        ``"ppermute"`` (one per round of rank pairs), ``"all_to_all"`` (one for all
-        rounds) or ``"auto"`` (the faster measured for this device count).
     Returns the discretization with global arrays and ``comm = ShardComm``.
     """
     dmesh = device_mesh(devices)
     P = dmesh.devices.size
-    collective = resolve_collective(collective, P)
     part = _partition(mesh, P, partition)
     parts = [build_rank(Comm(rank=r, size=P), part) for r in range(P)]
-    comm = ShardComm(axis_name=dmesh.axis_names[0], size=P, mesh=dmesh, collective=collective)
+    comm = ShardComm(axis_name=dmesh.axis_names[0], size=P, mesh=dmesh)
     sizes = _sizes(parts)
     padded = [_pad(p, sizes, comm) for p in parts]
     if pad_extra is not None:
@@ -115,19 +111,21 @@ def _plans(obj):
 
 
 def _sizes(parts) -> dict:
-    """Common padded sizes of the rank parts: elements, per plan nodes and round lengths, and per
-    assembled-storage map its shared nodes."""
+    """Common padded sizes of the rank parts: elements, per plan nodes, round lengths, shared nodes
+    and their copies, and per assembled-storage map its shared nodes."""
     E_max = max(int(np.shape(p.elements)[0]) for p in parts)
     plans = list(zip(*[_plans(p) for p in parts]))
     nodes = [max(g.num_global for g in gs) for gs in plans]
-    rounds = []
+    rounds, shared = [], []
     for gs in plans:
         ex0 = gs[0].exchange
         nr = 0 if ex0 is None else len(ex0.idx)
         rounds.append([max(int(np.shape(g.exchange.idx[k])[0]) for g in gs) for k in range(nr)])
-    shared = {f.name: max(int(np.shape(getattr(p, f.name).shared)[0]) for p in parts)
-              for f in dataclasses.fields(parts[0]) if isinstance(getattr(parts[0], f.name), Assembled)}
-    return dict(E_max=E_max, nodes=nodes, rounds=rounds, shared=shared)
+        shared.append((max(g.num_shared for g in gs),
+                       max(0 if g.shared is None else int(np.shape(g.shared)[0]) for g in gs)))
+    assembled = {f.name: max(int(np.shape(getattr(p, f.name).shared)[0]) for p in parts)
+                 for f in dataclasses.fields(parts[0]) if isinstance(getattr(parts[0], f.name), Assembled)}
+    return dict(E_max=E_max, nodes=nodes, rounds=rounds, shared=assembled, gs_shared=shared)
 
 
 def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
@@ -164,20 +162,22 @@ def _pad_fields(obj, E_max: int):
     return dataclasses.replace(obj, **new)
 
 
-def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, round_len: Sequence[int], comm: ShardComm):
-    """A rank's gather–scatter plan padded to ``E_max`` elements and ``N_max + 1`` nodes (the last: trash)."""
+def _pad_gs(gs: GatherScatter, E_max: int, N_max: int, round_len: Sequence[int], shared: tuple, comm: ShardComm):
+    """A rank's gather–scatter plan padded to ``E_max`` elements and ``N_max + 1`` nodes (the last: trash),
+    and ``shared = (num_shared, copies)`` to the ranks' most shared nodes and copies."""
     mult = np.asarray(gs.mult)
     E = mult.shape[0]
     block = int(np.prod(mult.shape[1:]))
     L, L_max, trash = E * block, E_max * block, N_max
     gid = np.asarray(gs.gid)
-    exchange = None
+    exchange = copies = None
     if gs.exchange is not None:
         idx = tuple(_pad_axis(np.asarray(i, np.int32), 0, k, trash) for i, k in zip(gs.exchange.idx, round_len))
         exchange = Exchange(idx=idx, partners=(-1,) * len(idx), comm=comm, rounds=gs.exchange.rounds)
+        copies = _pad_axis(np.asarray(gs.shared), 0, shared[1], L_max)
     return GatherScatter(gid=np.concatenate([gid, np.full(L_max - L, trash, gid.dtype)]),
                          mult=_pad_axis(mult, 0, E_max, 0), num_global=N_max + 1, layout="segment",
-                         exchange=exchange)
+                         exchange=exchange, shared=copies, num_shared=shared[0] if copies is not None else 0)
 
 
 def _pad_assembled(a: Assembled, E_max: int, k: int, padded: GatherScatter):
@@ -196,8 +196,8 @@ def _pad(part, sizes: dict, comm: ShardComm):
     out = _pad_fields(part, sizes["E_max"])
     plans = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)
              if isinstance(getattr(part, f.name), GatherScatter)}
-    new = {name: _pad_gs(gs, sizes["E_max"], N, rl, comm)
-           for (name, gs), N, rl in zip(plans.items(), sizes["nodes"], sizes["rounds"])}
+    new = {name: _pad_gs(gs, sizes["E_max"], N, rl, sh, comm)
+           for (name, gs), N, rl, sh in zip(plans.items(), sizes["nodes"], sizes["rounds"], sizes["gs_shared"])}
     for f in dataclasses.fields(part):  # an assembled-storage map is padded with the plan of its exchange
         a = getattr(part, f.name)
         if isinstance(a, Assembled):
@@ -286,7 +286,7 @@ def placement_of(disc, mesh, partition=None) -> dict:
         part = np.zeros(mesh.num_elements, np.int64)
         for r, block in enumerate(np.split(el, comm.size)):
             part[block[block >= 0]] = r
-        return dict(devices=comm.mesh, partition=part, collective=comm.collective)
+        return dict(devices=comm.mesh, partition=part)
     if comm.size > 1:
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         return dict(comm=comm, partition=part)

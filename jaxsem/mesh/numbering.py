@@ -15,7 +15,11 @@ coincide physically share an id. Ids come from the element-to-vertex table:
 
 Periodic identification is applied afterwards by merging the node ids of the
 paired faces (``Mesh.periodic_faces``), so a periodic axis may have a single
-element. No coordinates are compared anywhere.
+element. No coordinates are compared anywhere. The ids are then numbered in order of
+first appearance in ``gid`` (locality for the gather–scatter).
+
+A mesh with :func:`jaxsem.mesh.box_mesh`'s topology gets the same ids by formula, in time
+linear in the nodes (no sort): see :func:`_number_box`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from .box import Mesh
+from .box import Mesh, _box_cells, _box_periodic_faces
 
 __all__ = ["Numbering", "number_nodes", "face_slice", "FACE_CORNERS"]
 
@@ -84,15 +88,27 @@ class Numbering:
 
     def boundary_nodes(self) -> np.ndarray:
         """``(E, n, n, n)`` bool: the node lies on a boundary face (of any element)."""
-        N = self.gid.shape[-1] - 1
         flag = np.zeros(self.num_global, dtype=bool)
-        for e, f in self.boundary_faces:
-            flag[self.gid[e][face_slice(int(f), N)[1:]]] = True
+        flag[_face_ids(self.gid, self.boundary_faces[:, 0], self.boundary_faces[:, 1])] = True
         return flag[self.gid]
 
 
-def _merge(ids: np.ndarray, pairs_a: np.ndarray, pairs_b: np.ndarray, size: int) -> np.ndarray:
-    """Union of id classes: returns a label per id, equal within merged classes."""
+def _face_ids(gid: np.ndarray, e: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """``gid`` values on face ``f[p]`` of element ``e[p]``: ``(P, n, n)`` in face-local ``[v, u]`` order.
+
+    ``gid: (E, n, n, n)``; one gather per local face (no loop over the P faces).
+    """
+    N = gid.shape[-1] - 1
+    out = np.empty((len(e), N + 1, N + 1), gid.dtype)
+    for face in range(6):
+        sel = f == face
+        if sel.any():
+            out[sel] = gid[face_slice(face, N)][e[sel]]  # a view of every element's face f, then the P picked
+    return out
+
+
+def _merge(pairs_a: np.ndarray, pairs_b: np.ndarray, size: int) -> np.ndarray:
+    """Union of id classes: a label per id in ``[0, size)``, equal within merged classes."""
     label = np.arange(size)
     while True:
         la, lb = label[pairs_a], label[pairs_b]
@@ -106,8 +122,101 @@ def _merge(ids: np.ndarray, pairs_a: np.ndarray, pairs_b: np.ndarray, size: int)
         label = new
 
 
+def _first_appearance(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """Class ids ``0..num-1`` of ``key`` (values in ``[0, size)``) in order of first appearance
+    in ``key.ravel()``, and ``num``. Linear: a scatter-min of positions, no sort."""
+    flat = key.reshape(-1)
+    first = np.full(size, flat.size, np.int64)
+    np.minimum.at(first, flat, np.arange(flat.size))
+    is_first = np.zeros(flat.size, bool)
+    is_first[first[first < flat.size]] = True
+    rank = np.cumsum(is_first) - 1
+    return rank[first[flat]].reshape(key.shape), int(rank[-1]) + 1
+
+
+def _unique_rows(rows: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True, return_counts=True)[1:]`` for ``rows: (R, k)``
+    of ints in ``[0, bound)``, by 1-D sorts of packed int64 keys (lexicographic order kept)."""
+    key = rows[:, 0].astype(np.int64)
+    top = bound
+    for c in range(1, rows.shape[1]):
+        if top * bound >= 2**62:  # repack: the rank of the prefix among the distinct prefixes
+            _, key = np.unique(key, return_inverse=True)
+            top = int(key.max()) + 1
+        key = key * bound + rows[:, c]
+        top *= bound
+    _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+    return inverse.reshape(-1), counts
+
+
+def _is_box(mesh: Mesh) -> bool:
+    """The mesh is :func:`jaxsem.mesh.box_mesh`'s topology: its cells and periodic pairs."""
+    ne = mesh.elements
+    return (ne is not None and np.array_equal(mesh.cells, _box_cells(ne))
+            and np.array_equal(mesh.periodic_faces, _box_periodic_faces(ne, mesh.periodic)))
+
+
 def number_nodes(mesh: Mesh) -> Numbering:
-    """Number the GLL nodes of ``mesh`` from its topology (see module docstring)."""
+    """Number the GLL nodes of ``mesh`` from its topology (see module docstring).
+
+    A box mesh (:func:`jaxsem.mesh.box_mesh`'s cells and periodic pairs) is numbered by
+    formula, in time linear in the nodes; any other mesh by vertex keys. Both give the same
+    ids: nodes are numbered in order of first appearance in ``gid``.
+    """
+    return _number_box(mesh) if _is_box(mesh) else _number_general(mesh)
+
+
+def _number_box(mesh: Mesh) -> Numbering:
+    """:func:`number_nodes` of a box mesh by formula.
+
+    Along axis d a node sits at layer e_d, local index i_d; its copy that appears first in
+    the E-vector is, per axis, the one in the lowest layer (then the lowest local index),
+    because elements run x fastest and every copy combines one choice per axis. So the
+    first positions and the first-copy flags are sums and products of (E_d, n) tables, and
+    the ids are the running count of the flags.
+    """
+    ne, per, N = mesh.elements, mesh.periodic, mesh.order
+    n = N + 1
+    E = int(np.prod(ne))
+    flag, pos = [], []
+    for d in range(3):
+        e = np.arange(ne[d])[:, None]
+        i = np.arange(n)[None, :]
+        seam = (i == 0) & (e > 0)  # also local N of layer e − 1
+        fe, fi = np.where(seam, e - 1, e), np.where(seam, N, i)
+        if per[d]:
+            wrap = (i == N) & (e == ne[d] - 1)  # also local 0 of layer 0
+            fe, fi = np.where(wrap, 0, fe), np.where(wrap, 0, fi)
+        flag.append((fe == e) & (fi == i))
+        pos.append(fe * (int(np.prod(ne[:d])) * n**3) + fi * n**d)
+    # (E_d, n) tables broadcast into [ez, ey, ex, k, j, i]
+    at = lambda t, d: t[tuple(slice(None) if a in (2 - d, 5 - d) else None for a in range(6))]
+    rank = (at(flag[0], 0) & at(flag[1], 1) & at(flag[2], 2)).reshape(-1).astype(np.int64)
+    np.cumsum(rank, out=rank)  # in place, on int64: a bool cumsum casts element by element
+    rank -= 1
+    first = np.empty((ne[2], ne[1], ne[0], n, n, n), np.int64)
+    np.add(at(pos[0], 0), at(pos[1], 1), out=first)
+    first += at(pos[2], 2)
+    gid = rank[first.reshape(-1)].reshape(E, n, n, n)
+    num = int(rank[-1]) + 1
+    del rank, first
+
+    eid = np.arange(E).reshape(ne[2], ne[1], ne[0])
+    neighbors = np.full((ne[2], ne[1], ne[0], 6, 2), -1, dtype=np.int64)
+    for d in range(3):
+        ax = 2 - d
+        layer = np.arange(ne[d]).reshape([-1 if a == ax else 1 for a in range(3)])
+        for f, step, inside in ((2 * d, 1, layer > 0), (2 * d + 1, -1, layer < ne[d] - 1)):
+            has = inside | per[d]
+            neighbors[..., f, 0] = np.where(has, np.roll(eid, step, axis=ax), -1)
+            neighbors[..., f, 1] = np.where(has, f ^ 1, -1)
+    neighbors = neighbors.reshape(E, 6, 2)
+    boundary = np.argwhere(neighbors[:, :, 0] < 0).astype(np.int64)
+    return Numbering(gid, num, boundary, neighbors)
+
+
+def _number_general(mesh: Mesh) -> Numbering:
+    """:func:`number_nodes` of any conforming mesh, from vertex keys."""
     cells = np.asarray(mesh.cells, dtype=np.int64)
     E = cells.shape[0]
     N = mesh.order
@@ -127,16 +236,14 @@ def number_nodes(mesh: Mesh) -> Numbering:
 
     # Faces: identity from the sorted vertex quadruple.
     fc = cells[:, FACE_CORNERS]  # (E, 6, 4) vertex ids in face-local corner order
-    fsorted = np.sort(fc, axis=2).reshape(-1, 4)
-    _, face_index, face_count = np.unique(fsorted, axis=0, return_inverse=True, return_counts=True)
+    face_index, face_count = _unique_rows(np.sort(fc, axis=2).reshape(-1, 4), V)
     face_index = face_index.reshape(E, 6)
     num_faces = int(face_index.max()) + 1
 
     if m > 0:
         # Edges: identity from the sorted vertex pair; position counted from the smaller id.
         ga, gb = cells[:, EDGES[:, 0]], cells[:, EDGES[:, 1]]  # (E, 12)
-        pair = np.stack([np.minimum(ga, gb), np.maximum(ga, gb)], axis=-1).reshape(-1, 2)
-        _, edge_index = np.unique(pair, axis=0, return_inverse=True)
+        _, edge_index = np.unique(np.minimum(ga, gb) * V + np.maximum(ga, gb), return_inverse=True)
         edge_index = edge_index.reshape(E, 12)
         t = np.arange(1, N)
         for q, (ca, cb, axis) in enumerate(EDGES):
@@ -170,15 +277,9 @@ def number_nodes(mesh: Mesh) -> Numbering:
             )
         offset = edge_block + num_faces * m * m
         key[:, 1:N, 1:N, 1:N] = offset + np.arange(E * m**3).reshape(E, m, m, m)
+        offset += E * m**3
 
     assert key.min() >= 0
-    # Compact the keys to 0..num-1 in ascending key order (np.unique's inverse), in linear
-    # time: the keys are bounded by the node count, a sort of E·n³ of them is not needed.
-    used = np.zeros(int(key.max()) + 1, bool)
-    used[key.ravel()] = True
-    rank = np.cumsum(used, dtype=np.int64) - 1
-    num = int(rank[-1]) + 1
-    gid = rank[key]
 
     # Face neighbours from shared face identity.
     neighbors = np.full((E, 6, 2), -1, dtype=np.int64)
@@ -205,19 +306,10 @@ def number_nodes(mesh: Mesh) -> Numbering:
                              f"faces may be paired")
         neighbors[ea, fa] = np.stack([eb, fb], 1)
         neighbors[eb, fb] = np.stack([ea, fa], 1)
-        ids_a = np.stack([gid[e][face_slice(int(f), N)[1:]] for e, f in zip(ea, fa)]).ravel()
-        ids_b = np.stack([gid[e][face_slice(int(f), N)[1:]] for e, f in zip(eb, fb)]).ravel()
-        label = _merge(gid, ids_a, ids_b, num)
-        _, gid_flat = np.unique(label[gid.ravel()], return_inverse=True)
-        gid = gid_flat.reshape(E, n, n, n)
-        num = int(gid.max()) + 1
+        label = _merge(_face_ids(key, ea, fa).ravel(), _face_ids(key, eb, fb).ravel(), offset)
+        key = label[key]
 
-    # Renumber in order of first appearance (locality for the gather–scatter).
-    flat = gid.ravel()
-    _, first = np.unique(flat, return_index=True)
-    rank = np.empty(num, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(num)
-    gid = rank[gid]
-
+    # Number in order of first appearance (locality for the gather–scatter).
+    gid, num = _first_appearance(key, offset)
     boundary = np.argwhere(neighbors[:, :, 0] < 0).astype(np.int64)
     return Numbering(gid, num, boundary, neighbors)

@@ -1,10 +1,10 @@
 """What the DG models (:mod:`~jaxsem.models.advection`, :mod:`~jaxsem.models.maxwell`) share.
 
 The physics-free plumbing around a strong-form DG right-hand side
-``rhs(dg, p, q, ..., exchange=...)`` with ``p`` the model's coefficient pytree
+``rhs(dg, p, q, ...)`` with ``p`` the model's coefficient pytree
 (a Transport, a Material): option checks, the numerics of a run
-(:class:`Scheme`), the reference derivative, the ``f(t, q, (dg, p))`` closure
-for :func:`jaxsem.timestepping.run`, the metadata its checkpoints carry, the
+(:class:`Scheme`), the reference derivative (for metric terms), the ``f(t, q, (dg, p))`` closure
+for :func:`jaxsem.solvers.driver.run`, the metadata its checkpoints carry, the
 verification drivers' box and placement checks, the power-iteration spectral
 radius and the relative L2 error.
 """
@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..solvers import driver
 from ..solvers import timestepping as ts
 from ..discretization.dg import DG, discretize_dg
 from ..mesh.box import Mesh
@@ -99,35 +100,12 @@ def ref_derivative(D, u, a, xp=jnp):
     return xp.einsum("kl,...lji->...kji", D, u)
 
 
-def _symbolic(a) -> bool:
-    return isinstance(a, jax.custom_derivatives.SymbolicZero)
-
-
-def is_zero(tangent) -> bool:
-    """Whether every leaf of a custom_jvp rule's tangent is symbolically zero (``symbolic_zeros=True``)."""
-    return all(_symbolic(a) for a in jax.tree_util.tree_leaves(tangent, is_leaf=_symbolic))
-
-
-def instantiate(tangent, like):
-    """The tangent with its symbolic zeros made arrays shaped like ``like``'s leaves."""
-    def zero(p):  # float0 for integer leaves (index maps), as JAX's tangents
-        if jnp.issubdtype(p.dtype, jnp.inexact):
-            return jnp.zeros_like(p)
-        return np.zeros(np.shape(p), jax.dtypes.float0)
-
-    return jax.tree_util.tree_map(lambda a, p: zero(p) if _symbolic(a) else a, tangent, like, is_leaf=_symbolic)
-
-
-def rhs_fn(rhs: Callable, exchange: Callable | None, **options):
-    """``f(t, q, (dg, p)) = rhs(dg, p, q, exchange=..., **options)`` for :func:`jaxsem.timestepping.run`.
-
-    ``exchange``: ``(dg, fu) -> Σ copies``, bound to the ``dg`` of each call
-    (``None``: the rhs's built-in :func:`jaxsem.dg.face_exchange`).
-    """
+def rhs_fn(rhs: Callable, **options):
+    """``f(t, q, (dg, p)) = rhs(dg, p, q, **options)`` on each device's block of elements
+    (:meth:`jaxsem.discretization.base.Discretization.local_map`), the form a time stepper takes."""
 
     def local(dg, p, q):
-        ex = None if exchange is None else (lambda v: exchange(dg, v))
-        return rhs(dg, p, q, exchange=ex, **options)
+        return rhs(dg, p, q, **options)
 
     def f(t, q, args):
         dg, p = args
@@ -160,17 +138,17 @@ def dg_meta(dg: DG) -> dict:
 
 
 def run_options(options, dt_max: float, desc: str, meta: Callable[[], dict]):
-    """``options`` as a DG driver passes them to :func:`jaxsem.timestepping.run`.
+    """``options`` as a DG driver passes them to :func:`jaxsem.solvers.driver.run`.
 
     ``dt_max`` the stable limit (the smaller of it and the caller's own), ``desc``
     the progress label (unless the caller set one), and, where checkpoints are
     written or read, ``meta()`` (the physics and :func:`dg_meta`) beside the
     caller's own keys.
     """
-    if not isinstance(options, ts.RunOptions):
+    if not isinstance(options, driver.RunOptions):
         raise TypeError(f"options must be a RunOptions, got {options!r}")
     changes = dict(dt_max=dt_max if options.dt_max is None else min(dt_max, options.dt_max))
-    if options.desc == ts.RunOptions().desc:
+    if options.desc == driver.RunOptions().desc:
         changes["desc"] = desc
     if options.checkpoint_path is not None or options.resume is not None:
         ours, theirs = meta(), dict(options.meta)

@@ -22,38 +22,38 @@ flux, α = 0 the central flux.
   and split forms through the metric identities), and by the SBP property of
   the GLL derivative the split form makes the upwind flux dissipate and the
   central flux conserve ½∫u² (semi-discretely), curved elements included.
-* **Exchange.** One component per face point, ``exchange(faces(u)[None])``
-  returns own + neighbour (own alone on the boundary); pass ``exchange=`` for a
-  distributed one. Boundary faces (not periodic) see the inflow value u⁺ = 0.
+* **Exchange.** One component per face point (own + neighbour; own alone on the
+  boundary). Boundary faces (not periodic) see the inflow value u⁺ = 0.
+* **Backend.** The operator is computed by ``dg.backend`` (the discretization's kernels):
+  the einsum reference, or one fused CUDA kernel for every form and flux.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..core import basis
+from ..solvers import driver
 from ..solvers import timestepping as ts
-from ..discretization.dg import (DG, Exchange, face_exchange, faces, lift_faces, local_neighbor_values,
-                                 neighbor_values, remote_values)
+from ..discretization.dg import DG, faces, neighbor_values
 from ..mesh.box import Mesh
 from . import _dg_common as common
 from ._dg_common import RHO_MARGIN, check_choice, relative_error
 from ._dg_common import ref_derivative as _d
 
 # Source-free with a stable step, the energy (mass norm) does not grow: a thousandfold growth of the
-# norm is instability, and ts.run stops there
+# norm is instability, and driver.run stops there
 GROWTH_LIMIT = 1e3
 
 __all__ = [
     "FLUXES",
     "FORMS",
-    "SCHEDULES",
     "Scheme",
     "Transport",
     "transport",
@@ -73,7 +73,6 @@ __all__ = [
 
 FLUXES = ("upwind", "central")
 FORMS = ("split", "conservative", "chain")
-SCHEDULES = ("bulk", "overlap")
 DEFAULT_VELOCITY = (1.0, 0.5, 0.25)
 DEFAULT_WIDTH = 0.15
 DEFAULT_CENTER = (0.5, 0.5, 0.5)
@@ -81,7 +80,7 @@ DEFAULT_CENTER = (0.5, 0.5, 0.5)
 
 @dataclasses.dataclass(frozen=True)
 class Scheme(common.Scheme):
-    """The numerics of an advection run (static, hashable): flux, volume form, time stepper, step, schedule.
+    """The numerics of an advection run (static, hashable): flux, volume form, time stepper, step.
 
     Attributes:
       flux: ``"upwind"`` (default) or ``"central"`` (:data:`FLUXES`).
@@ -91,20 +90,12 @@ class Scheme(common.Scheme):
       cfl: Δt as a fraction of the stable limit, 0 < cfl ≤ 1 (default 0.5; when ``dt`` is ``None``).
       dt: a fixed step > 0 that divides the run's ``t_final``, or ``None`` (default)
         for ``cfl`` × the limit, rounded down so that ``t_final`` is hit exactly.
-      schedule: ``"bulk"`` (default) or ``"overlap"`` (:data:`SCHEDULES`, see :func:`rhs`);
-        the same result up to round-off.
 
     Raises ``ValueError`` naming the field, the value and what is allowed.
     """
 
-    schedule: str = "bulk"
-
     FLUXES: ClassVar[tuple] = FLUXES
     FORMS: ClassVar[tuple] = FORMS
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_choice(self.schedule, "Scheme.schedule", SCHEDULES)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -160,20 +151,20 @@ def _contravariant(order: int, x, c) -> np.ndarray:
     return np.einsum("d,ad...->a...", c, curl_metrics(D, x))
 
 
-def transport(dg: DG, velocity=DEFAULT_VELOCITY, exchange: Exchange | None = None) -> Transport:
+def transport(dg: DG, velocity=DEFAULT_VELOCITY) -> Transport:
     """Flux weights of the constant ``velocity`` on ``dg`` (one exchange for the ⁺ side)."""
     c = _velocity(velocity)
     # The metrics from the float64 GLL points and nodes (dg.x may be float32).
     A = _contravariant(dg.order, dg.host(dg.x), c)
-    return _transport(dg, jnp.asarray(c, dg.jac.dtype), jnp.asarray(A, dg.jac.dtype), exchange)
+    return _transport(dg, jnp.asarray(c, dg.jac.dtype), jnp.asarray(A, dg.jac.dtype))
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _transport(dg, c, A, exchange):
+@jax.jit
+def _transport(dg, c, A):
     Af = faces(A)  # (3 a, E, 6, n, n)
     sign = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], A.dtype)[:, None, None]
     an = jnp.stack([Af[f // 2, :, f] for f in range(6)], axis=1) * sign
-    nbr = neighbor_values(dg, an[None], exchange)[0]  # 0 on the boundary
+    nbr = neighbor_values(dg, an[None])[0]  # 0 on the boundary
     vn = 0.5 * (an - nbr) + 0.5 * dg.boundary * an
     w_end = 2.0 / (dg.order * (dg.order + 1))
     return Transport(velocity=c, A=A, an=an, vn=vn, lw=1.0 / (faces(dg.jac) * w_end))
@@ -182,128 +173,30 @@ def _transport(dg, c, A, exchange):
 # ----------------------------------------------------------------------------- operator
 
 
-def _volume(dg, tr, u, form):
-    vol = 0.0
-    if form in ("split", "conservative"):
-        vol = vol + sum(_d(dg.D, tr.A[a] * u, a) for a in range(3))
-    if form in ("split", "chain"):
-        vol = vol + sum(tr.A[a] * _d(dg.D, u, a) for a in range(3))
-    return 0.5 * vol if form == "split" else vol
-
-
-def _surface(tr_an, tr_vn, tr_lw, uf, up, flux):
-    fstar = 0.5 * tr_vn * (uf + up)
-    if flux == "upwind":
-        fstar = fstar + 0.5 * jnp.abs(tr_vn) * (uf - up)
-    return lift_faces(tr_lw * (tr_an * uf - fstar))
-
-
-def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", exchange: Exchange | None = None,
-        form: str = "split", schedule: str = "bulk"):
+def rhs(dg: DG, tr: Transport, u, flux: str = "upwind", form: str = "split"):
     """du/dt of the semi-discrete advection equation, ``u: (E, n, n, n)`` → same shape.
 
-    ``schedule`` (matters only on a distributed ``dg`` with the built-in exchange):
-
-    * ``"bulk"``: bulk-synchronous — exchange the face values, then compute
-      everything (an ``optimization_barrier`` keeps the compiler from starting
-      the volume term before the exchange has finished);
-    * ``"overlap"``: start the exchange, compute everything that needs no remote
-      data — the volume term of all elements and the face terms with the local
-      neighbours read through ``dg.nbr`` (remote ones count as 0) — then, when
-      the messages (gathered straight from ``u``: :func:`jaxsem.dg.remote_values`)
-      are in, add the remote neighbours' part of the flux on the halo elements
-      only (``dg.halo``). The flux is linear in the neighbour value, so the sum
-      equals the bulk result up to round-off. Whether the compiled program
-      really overlaps depends on the backend (a ShardComm's ``ppermute`` can
-      be asynchronous; mpi4jax's ``sendrecv`` blocks): see
-      ``experiments/advection_overlap.py``.
-
-    With ``dg.backend`` CUDA and the built-in exchange, every form and flux runs as one fused
-    kernel (volume term, fluxes with the neighbours' values read in place, lift, 1/J;
-    :func:`jaxsem.backends.cuda.advection_rhs_cuda`) whose derivatives are those of the
-    einsum form; distributed, the kernel counts remote neighbours as 0 and their flux is added
-    on the halo elements afterwards (as ``"overlap"``, whatever ``schedule``).
+    Computed by ``dg.backend`` (the discretization's kernels). The einsum reference exchanges the
+    face values, then computes everything (on a distributed ``dg`` an
+    ``optimization_barrier`` keeps the volume term after the exchange: measured faster than
+    overlapping them, ``docs/multi-gpu.md``). The CUDA backend runs every form and flux as
+    one fused kernel (volume term, fluxes with the neighbours' values read in place, lift,
+    1/J) whose derivatives are those of the einsum form; distributed, the kernel counts the
+    remote neighbours as 0 and their flux (linear in the neighbour value) is added on the
+    halo elements once the messages are in.
     """
     check_choice(flux, "flux", FLUXES)
     check_choice(form, "form", FORMS)
-    check_choice(schedule, "schedule", SCHEDULES)
-    fused = _fusable(dg, exchange)
-    if fused or (exchange is None and dg.halo is not None and schedule == "overlap"):
-        out = _fused_rhs(dg, tr, u, flux, form) if fused else _rhs_local(dg, tr, u, flux, form)
-        return out if dg.halo is None else out.at[dg.halo].add(_remote_flux(dg, tr, u, flux))
-    return _rhs(dg, tr, u, flux, exchange, form)
-
-
-def _fusable(dg: DG, exchange) -> bool:
-    """Whether :func:`rhs` runs as the fused kernel for this ``dg``."""
-    return exchange is None and dg.nbr is not None and dg.backend.name == "cuda"
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
-def _fused_rhs(dg: DG, tr: Transport, u, flux, form):
-    """:func:`_rhs_local` as one CUDA kernel (with ``dg.backend`` CUDA; else its einsum form, with
-    which the rule is tested without a GPU); its tangent is the einsum form's."""
-    if dg.backend.name != "cuda":
-        return _rhs_local(dg, tr, u, flux, form)
-    from ..backends import cuda
-
-    return cuda.advection_rhs_cuda(u, dg.D, tr.A, dg.jac, tr.an, tr.vn, tr.lw, dg.nbr, form, flux == "upwind")
-
-
-@_fused_rhs.defjvp
-def _fused_rhs_jvp(flux, form, primals, tangents):
-    _, dw = jax.jvp(lambda dg, tr, u: _rhs_local(dg, tr, u, flux, form), primals, tangents)
-    return _fused_rhs(*primals, flux, form), dw
-
-
-def _rhs_local(dg: DG, tr: Transport, u, flux, form):
-    """The fused kernel's operator in einsum form: the neighbours read through ``dg.nbr``, inflow
-    0 where ``nbr < 0`` (on one device :func:`_rhs` itself; distributed, the rank's part with the
-    remote neighbours counted as 0, as ``schedule="overlap"``'s local part)."""
-    uf = faces(u)
-    up = local_neighbor_values(dg, u)
-    return _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
-
-
-def _remote_flux(dg: DG, tr: Transport, u, flux):
-    """``(H, n, n, n)``: the remote neighbours' part of the flux on the halo elements ``dg.halo``.
-
-    The flux is linear in the neighbour value u⁺: with the remote values ``dup: (H, 6, n, n)``
-    (0 where the neighbour is not remote), f* grows by (½vn − ½α|vn|) u⁺ and the lifted term
-    is −f*."""
-    dup = remote_values(dg, u)[0]
-    h = dg.halo
-    vn = tr.vn[h]
-    dflux = 0.5 * vn * dup
-    if flux == "upwind":
-        dflux = dflux - 0.5 * jnp.abs(vn) * dup
-    return lift_faces(-tr.lw[h] * dflux)
-
-
-def _rhs(dg: DG, tr: Transport, u, flux, exchange, form):
-    """:func:`rhs` with einsum contractions and the face exchange (the reference; ``schedule="bulk"``)."""
-    distributed = exchange is None and dg.fgs.exchange is not None
-    uf = faces(u)  # (E, 6, n, n): one component through the exchange
-    ex = (lambda v: face_exchange(dg, v)) if exchange is None else exchange
-    total = ex(uf[None])[0]
-    if distributed:
-        u, total = jax.lax.optimization_barrier((u, total))
-    up = total - uf  # neighbour (0 = inflow on the boundary)
-    return _surface(tr.an, tr.vn, tr.lw, uf, up, flux) - _volume(dg, tr, u, form) / dg.jac
+    return dg.backend.advection_rhs(dg, tr, u, flux, form)
 
 
 @functools.lru_cache(maxsize=None)
-def make_rhs(flux: str = "upwind", exchange: Callable | None = None, form: str = "split",
-             schedule: str = "bulk"):
-    """``f(t, u, (dg, tr))`` for :func:`jaxsem.timestepping.run` (cached: one object per options).
-
-    ``exchange`` here is a function ``(dg, fu) -> Σ copies`` (default
-    :func:`jaxsem.dg.face_exchange`); ``schedule`` as in :func:`rhs`.
-    """
+def make_rhs(flux: str = "upwind", form: str = "split"):
+    """``f(t, u, (dg, tr)) = rhs(dg, tr, u, flux, form)`` for :func:`jaxsem.solvers.driver.run`
+    (cached: one object per options)."""
     check_choice(flux, "flux", FLUXES)
     check_choice(form, "form", FORMS)
-    check_choice(schedule, "schedule", SCHEDULES)
-    return common.rhs_fn(rhs, exchange, flux=flux, form=form, schedule=schedule)
+    return common.rhs_fn(rhs, flux=flux, form=form)
 
 
 @jax.jit
@@ -330,7 +223,7 @@ def spectral_radius(dg: DG, tr: Transport, flux: str = "upwind", iterations: int
     Distributed, each rank starts from its elements' part of the serial start
     vector, so every rank gets the serial ρ (up to the order of the sums).
     """
-    return common.spectral_radius(dg, make_rhs(flux, None, form), (dg, tr), _inner, iterations=iterations)
+    return common.spectral_radius(dg, make_rhs(flux, form), (dg, tr), _inner, iterations=iterations)
 
 
 def stable_dt(dg: DG, tr: Transport, flux: str = "upwind", method: str = "lserk4", rho: float | None = None,
@@ -367,20 +260,20 @@ def gaussian(x, t, velocity=DEFAULT_VELOCITY, center=DEFAULT_CENTER, width=DEFAU
 
 
 def simulate(dg: DG, tr: Transport, u0, t_final: float, *, scheme: Scheme = Scheme(), rho: float | None = None,
-             options: ts.RunOptions = ts.RunOptions()):
+             options: driver.RunOptions = driver.RunOptions()):
     """Advance ``u0: (E, n, n, n)`` to ``t_final`` with the guarded driver; return ``(u, RunInfo, dt)``.
 
     Δt = ``scheme.cfl`` × the stable limit (rounded down so ``t_final`` is hit
     exactly) unless ``scheme.dt`` is given; a ``dt`` above the limit is refused.
     ``rho``: the spectral radius, if known. ``options``: chunks, progress and
-    checkpoint files (:class:`jaxsem.timestepping.RunOptions`); checkpoints carry
+    checkpoint files (:class:`jaxsem.solvers.driver.RunOptions`); checkpoints carry
     flux, form, velocity, order, dtype, element count and a mesh fingerprint,
     and a resume under any other value is refused.
     """
     common.check_scheme(scheme, Scheme)
     common.check_t_final(t_final)
     limit = stable_dt(dg, tr, scheme.flux, scheme.method, rho, scheme.form)
-    dt, steps = ts.plan_steps(t_final, limit, scheme.method, scheme.cfl, scheme.dt)
+    dt, steps = driver.plan_steps(t_final, limit, scheme.method, scheme.cfl, scheme.dt)
 
     def meta():
         c = np.asarray(dg.host(tr.velocity), np.float64)
@@ -388,7 +281,7 @@ def simulate(dg: DG, tr: Transport, u0, t_final: float, *, scheme: Scheme = Sche
                     **common.dg_meta(dg))
 
     options = common.run_options(options, limit, "advection", meta)
-    u, info = ts.run(make_rhs(scheme.flux, None, scheme.form, scheme.schedule), u0, dt, steps, args=(dg, tr),
+    u, info = driver.run(make_rhs(scheme.flux, scheme.form), u0, dt, steps, args=(dg, tr),
                      method=scheme.method, options=options, comm=dg.comm,
                      growth_limit=GROWTH_LIMIT, norm=common.mass_norm(dg))
     return u, info, dt
@@ -411,7 +304,7 @@ class AdvectionResult(NamedTuple):
 
 
 def solve_gaussian(mesh: Mesh, t_final: float = 0.5, *, velocity=DEFAULT_VELOCITY, scheme: Scheme = Scheme(),
-                   dtype=jnp.float64, options: ts.RunOptions = ts.RunOptions(), **place):
+                   dtype=jnp.float64, options: driver.RunOptions = driver.RunOptions(), **place):
     """The periodic Gaussian carried across a periodic box; returns ``(dg, u, AdvectionResult)``.
 
     ``mesh``: a :func:`jaxsem.box_mesh` filling ``[0, L]³``, periodic on every
@@ -431,8 +324,8 @@ def solve_gaussian(mesh: Mesh, t_final: float = 0.5, *, velocity=DEFAULT_VELOCIT
     u0 = exact(dg.x, 0.0).astype(dg.jac.dtype)
     rho = spectral_radius(dg, tr, scheme.flux, form=scheme.form)
     limit = stable_dt(dg, tr, scheme.flux, scheme.method, rho, scheme.form)
-    f = make_rhs(scheme.flux, None, scheme.form, scheme.schedule)
-    ts.run(f, u0, limit / 2, 1, args=(dg, tr), method=scheme.method)  # compile
+    f = make_rhs(scheme.flux, scheme.form)
+    driver.run(f, u0, limit / 2, 1, args=(dg, tr), method=scheme.method)  # compile
     u, info, dt = simulate(dg, tr, u0, t_final, scheme=scheme, rho=rho, options=options)
     err = relative_error(dg, u, exact(dg.x, t_final).astype(dg.jac.dtype))
     return dg, u, AdvectionResult(err, info.steps, dt, limit, info.seconds, float(mass(dg, u0)),

@@ -18,7 +18,8 @@ whose backward pass runs the adjoint PCG itself and
 
 The gradient is the implicit-function one: for A(p) u = b(p),
 p̄ = (∂b/∂p − ∂(A u)/∂p)ᵀ λ with the adjoint λ = Sᵀ ū, S the projected solve
-of :func:`jaxsem.solvers.pcg.linear_solve` and Sᵀ c = w·pcg(A, mask·gs(c)).
+of :func:`jaxsem.solvers.pcg.linear_solve` and Sᵀ c = w·pcg(A, mask·gs(c))
+(:func:`jaxsem.elliptic.transpose_solve_local`).
 Only reverse mode: use :func:`jaxsem.models.poisson.solve` for ``jvp``.
 
 Field parametrizations for inverse problems: :func:`grid_field` (trilinear
@@ -44,7 +45,8 @@ import numpy as np
 
 from ..discretization.sem import SEM
 from . import poisson
-from ..solvers.pcg import AdjointNotConvergedWarning, PCGInfo, pcg, warn_adjoint
+from ..elliptic import Helmholtz, transpose_solve_local
+from ..solvers.pcg import AdjointNotConvergedWarning, PCGInfo, warn_adjoint
 
 __all__ = [
     "AdjointNotConvergedWarning", "adjoint_probe", "adjoint_info", "solve",
@@ -130,14 +132,8 @@ def _solve_fwd(tol, maxiter, method, check, sem, b, h1, h2, probe):
 def _solve_bwd(tol, maxiter, method, check, res, cts):
     sem, b, h1, h2, u = res
     ubar = cts[0]  # the info's cotangents are zero (integers, or unused floats)
-    A = poisson.operator(sem, _c(h1), _c(h2))
-    dinv = poisson.jacobi(sem, _c(h1), _c(h2))
-    weight = sem.mult * sem.mask
-    # Sᵀ ū, exactly the transpose_solve of jaxsem.solvers.pcg.linear_solve
-    rhs = sem.mask * sem.dssum(sem.mult * (ubar / jnp.where(weight != 0, weight, 1)))
-    y, info = pcg(A, rhs, dot=sem.dot, precond=lambda r: dinv * r, tol=tol, maxiter=maxiter,
-                  dots=sem.dots, method=method)
-    lam = weight * y
+    lam, info = transpose_solve_local(Helmholtz.of(sem, _c(h1), _c(h2)), ubar, tol=tol, maxiter=maxiter,
+                                      method=method)
     if check and tol > 0:
         jax.debug.callback(warn_adjoint, info.converged, info.iterations, info.true_relative_residual)
     _, vjp = jax.vjp(lambda s, b_, a1, a2: _residual(s, b_, a1, a2, u), sem, b, h1, h2)

@@ -20,13 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import geometry as geo
-from ..discretization import assembled
 from ..discretization.sem import SEM, discretize
+from ..elliptic import Helmholtz, global_operator, jacobi, local_operator, operator, pmg, solve_local
 from ..mesh.box import Mesh
-from ..operators import BK_SPECS, mass_diagonal, stiffness_diagonal
+from ..operators import BK_SPECS
 from ..operators.tensor import interp, interp_t
 from ..solvers import multigrid
-from ..solvers.pcg import linear_solve
 
 __all__ = [
     "BP_SPECS", "bp_discretize", "local_operator", "operator", "global_operator", "jacobi", "load",
@@ -54,87 +53,6 @@ def bp_discretize(mesh: Mesh, bp: int, **kw) -> SEM:
     return discretize(mesh, quadrature=spec.quadrature, dirichlet=spec.dirichlet, **kw)
 
 
-def _is_zero(h):
-    return isinstance(h, (int, float)) and h == 0
-
-
-def local_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
-    """Element operator u ↦ h₁A_e u + h₂B_e u (no assembly) for ``u: (..., E, n, n, n)``.
-
-    ``h1, h2``: scalars or fields on the quadrature points ``(E, q, q, q)``. The element
-    kernels are those of ``sem.backend`` (:mod:`jaxsem.backends`): the collocated stiffness
-    (BP5/6) and, on Gauss points, stiffness and mass (BP1–4); per device when sharded.
-    """
-    return lambda u: sem.local_map(_element_apply, u, h1, h2)
-
-
-def _element_apply(sem: SEM, u, h1, h2):
-    g = sem.geom
-    k = sem.backend
-    w = 0.0
-    if not _is_zero(h1):
-        h = None if _unit(h1) else h1
-        w = k.stiffness_gll(u, sem.D, g.G, h) if sem.quadrature == "gll" else k.stiffness(u, sem.J, sem.Dt, g.G, h)
-    if not _is_zero(h2):
-        h = None if _unit(h2) else h2
-        w = w + ((g.B if h is None else g.B * h) * u if sem.quadrature == "gll" else k.mass(u, sem.J, g.B, h))
-    return w
-
-
-def operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
-    """Assembled operator on E-vectors: u ↦ mask·QQᵀ(h₁A_e + h₂B_e)u."""
-    return lambda u: sem.local_map(_assembled_apply, u, h1, h2)
-
-
-def _assembled_apply(sem: SEM, u, h1, h2):
-    return sem.mask * sem.dssum(_element_apply(sem, u, h1, h2))
-
-
-def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
-    """The operator on assembled vectors (one value per node, ``sem.assembled``):
-    ``x ↦ Qᵀ(h₁A_e + h₂B_e)Q x`` for ``x: (..., size)``, 0 on Dirichlet nodes (per device
-    when sharded; distributed, Qᵀ adds the neighbours' sums of the interface nodes).
-
-    The stiffness alone (BP3–BP6: collocated or on Gauss points) runs as one fused kernel
-    with the CUDA backend (gather, element operator and sum of the copies); other operators
-    as ``Q``, the element kernels of ``sem.backend`` and ``Qᵀ``. Raises ``ValueError`` if
-    ``sem`` has no assembled storage (``storage="local"``).
-    """
-    a = _require_assembled(sem)
-    if _is_zero(h2) and not _is_zero(h1):
-        h = None if _unit(h1) else h1
-        if sem.quadrature == "gll":
-            op = lambda s, x: s.backend.stiffness_gll_assembled(x, s.assembled.idx, s.D, s.geom.G, h)
-        else:
-            op = lambda s, x: s.backend.stiffness_assembled(x, s.assembled.idx, s.J, s.Dt, s.geom.G, h)
-        return lambda x: sem.local_map(lambda s, x: assembled.assemble(s.assembled, op(s, x)), x)
-    return lambda x: sem.local_map(
-        lambda s, x: assembled.scatter(s.assembled, _element_apply(s, assembled.to_local(s.assembled, x), h1, h2)), x)
-
-
-def _require_assembled(sem: SEM) -> assembled.Assembled:
-    if sem.assembled is None:
-        raise ValueError("sem has no assembled storage (it was discretized with storage='local'); "
-                         "use the E-vector operator")
-    return sem.assembled
-
-
-def _unit(h):
-    """True for the Python scalar 1 (a coefficient that needs no multiply)."""
-    return isinstance(h, (int, float)) and not isinstance(h, bool) and h == 1
-
-
-def jacobi(sem: SEM, h1=1.0, h2=0.0):
-    """Inverse of the exact assembled diagonal, 0 on Dirichlet nodes: ``(E, n, n, n)``."""
-    d = 0.0
-    if not _is_zero(h1):
-        d = stiffness_diagonal(sem.J, sem.Dt, sem.geom.G, None if _unit(h1) else h1)
-    if not _is_zero(h2):
-        d = d + mass_diagonal(sem.J, sem.geom.B, None if _unit(h2) else h2)
-    d = sem.dssum(d)
-    return sem.mask / jnp.where(sem.mask > 0, d, 1.0)
-
-
 def load(sem: SEM, f):
     """Right-hand side b = mask·QQᵀ(Jᵀ B f) of a source.
 
@@ -145,14 +63,6 @@ def load(sem: SEM, f):
     fq = f(g.xq[0], g.xq[1], g.xq[2]) if callable(f) else jnp.asarray(f)
     fq = jnp.asarray(fq, sem.x.dtype)
     return sem.mask * sem.dssum(interp_t(g.B * fq, sem.J))
-
-
-def pmg(sem: SEM, mesh: Mesh, h1=1.0, h2=0.0, options: multigrid.PMGOptions = multigrid.PMGOptions(),
-        partition=None) -> multigrid.PMG:
-    """The p-multigrid preconditioner of h₁(−∇²) + h₂ on ``sem`` (built from ``mesh``), for
-    ``solve(..., precond=)``: levels by order, Chebyshev-smoothed, see :mod:`jaxsem.solvers.multigrid`.
-    ``partition``: the one ``sem`` was built with under MPI, when not the default."""
-    return multigrid.setup(sem, mesh, operator, jacobi, h1=h1, h2=h2, options=options, partition=partition)
 
 
 def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, rhs=None,
@@ -168,7 +78,8 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
       tol: relative residual tolerance (0: exactly ``maxiter`` iterations).
       method: PCG variant, ``"classic"``, ``"single-reduction"`` or ``"flexible"`` (see
         :func:`jaxsem.solvers.pcg`).
-      precond: None (Jacobi) or a p-multigrid preconditioner from :func:`pmg` built for this
+      precond: None (Jacobi) or a p-multigrid preconditioner from :func:`pmg` (that is,
+        :func:`jaxsem.elliptic.pmg`) built for this
         ``sem``, ``h1`` and ``h2`` (a fixed SPD operator, so plain PCG stays correct; a
         float32 cycle in a float64 solve, ``PMGOptions(dtype="float32")``, is not exactly
         linear, and ``method="classic"`` then runs as ``"flexible"``).
@@ -185,7 +96,7 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
         raise TypeError(f"precond must be None (Jacobi) or a PMG from poisson.pmg, got {type(precond).__name__}")
     if precond is not None and precond.levels[0].sem.order != sem.order:
         raise ValueError(f"precond was built for order {precond.levels[0].sem.order}, sem has order {sem.order}")
-    return sem.local_map(_solve, f, h1, h2, tol, maxiter, rhs, method, precond)
+    return sem.local_map(_solve, f, Helmholtz.of(sem, h1, h2, pmg=precond), tol, maxiter, rhs, method)
 
 
 def _concrete(a) -> bool:
@@ -209,7 +120,7 @@ def _check_inputs(sem: SEM, f, h1, h2, rhs):
                 low = float(jnp.min(jnp.asarray(h)))
             if low < 0:
                 raise ValueError(f"{name} must be >= 0 (the operator must be positive), got min {low:g}")
-    if _is_zero(h1) and _is_zero(h2):
+    if all(isinstance(h, (int, float)) and not isinstance(h, bool) and h == 0 for h in (h1, h2)):
         raise ValueError("h1 and h2 are both 0: the operator h1(-Δ) + h2 vanishes")
     if rhs is None and not callable(f):
         if np.ndim(f) < 4 or np.shape(f)[-4:] != (E, q, q, q):
@@ -229,51 +140,9 @@ def _nonfinite(a) -> int:
         return int(a.size - jnp.count_nonzero(jnp.isfinite(a))) if jnp.issubdtype(a.dtype, jnp.inexact) else 0
 
 
-def _solve(sem: SEM, f, h1, h2, tol, maxiter, rhs, method, precond):
+def _solve(sem: SEM, f, H: Helmholtz, tol, maxiter, rhs, method):
     b = load(sem, f) if rhs is None else rhs
-    if precond is not None and precond.dtype != sem.x.dtype and method == "classic":
-        method = "flexible"
-    if sem.assembled is not None:
-        return _solve_assembled(sem, b, h1, h2, tol, maxiter, method, precond)
-    A = operator(sem, h1, h2)
-    if precond is None:
-        dinv = jacobi(sem, h1, h2)
-        M = lambda r: dinv * r
-    else:
-        M = lambda r: multigrid.vcycle(precond, r)
-    weight = sem.mult * sem.mask
-    project = lambda u: sem.mask * sem.dssum(sem.mult * u)
-    return linear_solve(
-        A, b, dot=sem.dot, project=project, weight=weight,
-        precond=M, tol=tol, maxiter=maxiter, dots=sem.dots, method=method,
-        transposable=sem.backend.transposable, keep_z=precond is not None,
-    )
-
-
-def _solve_assembled(sem: SEM, b, h1, h2, tol, maxiter, method, precond):
-    """:func:`_solve` with the Krylov vectors in assembled storage; same result up to round-off.
-
-    ``b`` (an assembled E-vector) goes to one value per node and the solution comes back as an
-    E-vector; the p-multigrid cycle runs on E-vectors between the two.
-    """
-    a = sem.assembled
-    g = lambda u: assembled.from_local(a, u, sem.mult)
-    if precond is None:
-        dinv = g(jacobi(sem, h1, h2))
-        M = lambda r: dinv * r
-    else:
-        M = lambda r: g(multigrid.vcycle(precond, assembled.to_local(a, r)))
-    keep = g(sem.mask)  # 1 on free nodes, 0 on Dirichlet ones
-    # the continuous, masked subspace: a node's copies on several ranks made equal (the weighted
-    # sum of the copies), the weight of each copy 1/(its ranks), as mult is for E-vectors
-    weight = keep if a.weight is None else keep * a.weight
-    project = (lambda x: keep * x) if a.weight is None else (lambda x: keep * assembled.assemble(a, a.weight * x))
-    x, info = linear_solve(
-        global_operator(sem, h1, h2), g(b), dot=functools.partial(assembled.dot, a), project=project,
-        weight=weight, precond=M, tol=tol, maxiter=maxiter, dots=functools.partial(assembled.dots, a), method=method,
-        transposable=sem.backend.transposable, keep_z=precond is not None,
-    )
-    return assembled.to_local(a, x), info
+    return solve_local(H, b, tol=tol, maxiter=maxiter, method=method)
 
 
 @dataclasses.dataclass(frozen=True)

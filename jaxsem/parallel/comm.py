@@ -1,4 +1,4 @@
-"""Transports: how the processes and devices of a run talk (the only module that knows MPI).
+"""Transports: how the processes and devices of a run talk (the one interface every exchange uses).
 
 Every exchange in jaxsem goes through one interface, :class:`Transport`: global
 reductions (:meth:`~Transport.allreduce`), the packed neighbour messages of an
@@ -16,87 +16,25 @@ block of elements (:meth:`~Transport.local_map`). Three implementations:
 The transport is chosen once, where a discretization is built, and kept static
 on it. ``import jaxsem.parallel.comm`` never imports MPI: :func:`get_comm`
 imports ``mpi4py`` only when an MPI launcher started this process (see
-:func:`launcher_size`) and then wraps a private duplicate of ``COMM_WORLD``.
-Every rank must call the same collective operations in the same order.
+:func:`jaxsem.parallel.launch.launcher_size`) and then wraps a private duplicate
+of ``COMM_WORLD`` (:mod:`jaxsem.parallel.mpi`). Every rank must call the same
+collective operations in the same order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import ipaddress
 import operator
-import os
-import socket
-import warnings
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-__all__ = ["Transport", "Comm", "ShardComm", "COLLECTIVES", "resolve_collective", "Blocks", "element_specs", "init_distributed", "get_comm", "launcher_size", "launcher_rank", "local_rank", "bind_local_device",
+from . import mpi as _mpi
+
+__all__ = ["Transport", "Comm", "ShardComm", "Blocks", "element_specs", "get_comm",
            "allreduce_sum", "allreduce_max", "sendrecv"]
-
-# Launchers' node-local rank variables: Open MPI, MPICH/Hydra, MVAPICH, Slurm.
-_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-
-# Environment variables through which MPI launchers announce the world size:
-# MPICH / Intel MPI (Hydra) and Slurm's PMI2 set PMI_SIZE; Open MPI sets
-# OMPI_COMM_WORLD_SIZE; MVAPICH sets MV2_COMM_WORLD_SIZE.
-_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-def launcher_size() -> int | None:
-    """World size announced by the MPI launcher's environment, without importing MPI.
-
-    Returns:
-        The number of processes ``mpirun``/``mpiexec`` started (read from
-        ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE`` or ``MV2_COMM_WORLD_SIZE``), or
-        ``None`` when no launcher variable is set (a plain ``python`` process).
-    """
-    return _int_from_env(_LAUNCHER_SIZE_VARS)
-
-
-def _int_from_env(names) -> int | None:
-    """The first of the environment variables ``names`` that holds an integer."""
-    for var in names:
-        value = os.environ.get(var)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                continue
-    return None
-
-
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int | None:
-    """This process's rank from the launcher's environment (None without a launcher); no MPI call."""
-    return _int_from_env(_RANK_VARS) if launcher_size() is not None else None
-
-
-def local_rank() -> int | None:
-    """This process's rank on its node, from the launcher's environment (None without one)."""
-    return _int_from_env(_LOCAL_RANK_VARS)
-
-
-def bind_local_device() -> None:
-    """One process per GPU: under an MPI launcher, restrict this process to GPU ``local_rank``.
-
-    Sets ``CUDA_VISIBLE_DEVICES`` to the node-local rank unless the user set it
-    (or no launcher started us). Must run before JAX initializes its GPU backend;
-    ``import jaxsem`` calls it. Two processes on one GPU time-slice it, which
-    makes every timing meaningless.
-    """
-    size = launcher_size()
-    lr = local_rank()
-    if size is None or size <= 1 or lr is None or "CUDA_VISIBLE_DEVICES" in os.environ:
-        return
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(lr)
 
 
 class Transport:
@@ -194,113 +132,12 @@ class Comm(Transport):
         import mpi4jax
         from mpi4py import MPI
 
-        return mpi4jax.allreduce(jnp.asarray(x), op=getattr(MPI, op.upper()), comm=_mpi_world())
+        return mpi4jax.allreduce(jnp.asarray(x), op=getattr(MPI, op.upper()), comm=_mpi.world())
 
     def exchange(self, ex, bufs):
         """One ``sendrecv`` per round with this rank's partner (None where it sits out)."""
         return [sendrecv(buf, buf, source=p, dest=p, comm=self) if p >= 0 else None
                 for p, buf in zip(ex.partners, bufs)]
-
-
-def init_distributed() -> bool:
-    """Start multi-controller JAX when a launcher (``mpirun``, ``srun``) started several processes.
-
-    Call it first thing, before any JAX computation: afterwards ``jax.devices()`` lists
-    every process's devices, and ``discretize(mesh, devices=jax.devices())`` spans them
-    all (NCCL between GPUs; gloo between CPU processes). Rank and size come from MPI
-    through mpi4py (``cluster_detection_method="mpi4py"``); the coordinator's address is
-    agreed over MPI (:func:`_coordinator`), and process 0 serves it on that address only,
-    not on every interface of its host. Returns True when it initialized (or already
-    had), False on a single process.
-    """
-    size = launcher_size()
-    if size is None or size <= 1:
-        return False
-    if jax.distributed.is_initialized():
-        return True
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # used only by CPU devices
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        raise RuntimeError(f"a launcher started {size} processes, but multi-controller JAX needs mpi4py "
-                           "to find its peers: pip install mpi4py") from None
-    # JAX's MPI detection would take GPU number <local rank> on each node, but a process bound to its GPU
-    # (bind_local_device, or the user's CUDA_VISIBLE_DEVICES) sees its GPUs numbered from 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = list(range(len(visible.split(",")))) if visible else None
-    from mpi4py import MPI
-
-    address, bind = _coordinator(MPI.COMM_WORLD)
-    jax.distributed.initialize(address, cluster_detection_method="mpi4py", local_device_ids=ids,
-                               coordinator_bind_address=bind)
-    return True
-
-
-def _coordinator(world) -> tuple[str, str]:
-    """``(address, bind)``: where every process reaches the ``jax.distributed`` coordinator, and
-    the ``ip:port`` process 0 serves it on; decided by process 0 of the mpi4py communicator
-    ``world`` and broadcast, so that every process gets the same answer or the same error.
-
-    ``$JAX_COORDINATOR_ADDRESS`` (``host:port``), when set, is the address, served on that
-    host's IP; else :func:`_coordinator_address` on ``$JAX_COORDINATOR_PORT`` or a port chosen
-    from process 0's host name. ``$JAX_COORDINATOR_BIND_ADDRESS`` overrides the bind address.
-    """
-    hosts = world.allgather(socket.gethostname())
-    answer = None
-    if world.Get_rank() == 0:
-        try:
-            given = os.environ.get("JAX_COORDINATOR_ADDRESS")
-            if given:
-                host, port = given.rsplit(":", 1)
-                answer = (given, f"{_host_ip(host.strip('[]'))}:{port}")
-            else:
-                # the range JAX's own mpi4py detection draws from; the host name keeps it stable
-                port = os.environ.get("JAX_COORDINATOR_PORT") or str(61440 + zlib.crc32(hosts[0].encode()) % 4096)
-                address = _coordinator_address(hosts, port)
-                answer = (address, address)
-        except (OSError, ValueError) as err:
-            answer = f"{type(err).__name__}: {err}"
-    answer = world.bcast(answer, root=0)
-    if isinstance(answer, str):
-        raise RuntimeError(f"jax.distributed: no coordinator address for process 0 on {hosts[0]} ({answer}); "
-                           "set JAX_COORDINATOR_ADDRESS=<IP of that host on the network the processes "
-                           "share>:<port>")
-    address, bind = answer
-    return address, os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or bind
-
-
-def _host_ip(host: str) -> str:
-    """``host`` if it is an IP address, else its IPv4 address."""
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return socket.gethostbyname(host)
-
-
-def _route_ip(peer: str) -> str:
-    """This host's address on the route to IP ``peer`` (connecting a UDP socket sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((peer, 9))
-        return s.getsockname()[0]
-
-
-def _coordinator_address(hosts, port, resolve=_host_ip, route=_route_ip) -> str:
-    """``ip:port`` of the coordinator of processes on ``hosts`` (host names, process 0's first).
-
-    All on one host: the loopback address, which no other machine can reach. Across hosts:
-    process 0's host resolved, or, where that gives a loopback address (Debian's /etc/hosts
-    maps the host name to 127.0.1.1), this host's address on the route to another host.
-    ``ValueError`` when neither is an address the other hosts can reach.
-    """
-    if all(h == hosts[0] for h in hosts):
-        return f"127.0.0.1:{port}"
-    ip = resolve(hosts[0])
-    if ipaddress.ip_address(ip).is_loopback:
-        peer = next(h for h in hosts if h != hosts[0])
-        ip = route(resolve(peer))
-        if ipaddress.ip_address(ip).is_loopback:
-            raise ValueError(f"host {hosts[0]} resolves to a loopback address, and so does its route to {peer}")
-    return f"{ip}:{port}"
 
 
 @jax.tree_util.register_dataclass
@@ -315,19 +152,13 @@ class ShardComm(Transport):
     :meth:`local_map` enters ``shard_map`` (element arrays split by
     :func:`element_specs`). Inside, each device sees its block: :meth:`allreduce`
     is ``psum``/``pmax`` and :meth:`exchange` one ``ppermute`` per round of rank
-    pairs, or one ``all_to_all`` for all rounds (``collective``, static). Several
-    processes (``jax.distributed``) share one global mesh, so the same program spans
-    hosts. Static (no leaves).
+    pairs. Several processes (``jax.distributed``) share one global mesh, so the
+    same program spans hosts. Static (no leaves).
     """
 
     axis_name: str = dataclasses.field(default="ranks", metadata=dict(static=True))
     size: int = dataclasses.field(default=1, metadata=dict(static=True))
     mesh: object = dataclasses.field(default=None, metadata=dict(static=True))
-    collective: str = dataclasses.field(default="ppermute", metadata=dict(static=True))
-
-    def __post_init__(self):
-        if self.collective not in COLLECTIVES[1:]:
-            raise ValueError(f"collective must be one of {COLLECTIVES[1:]}, got {self.collective!r}")
 
     @property
     def name(self) -> str:
@@ -348,12 +179,10 @@ class ShardComm(Transport):
         return (jax.lax.psum if op == "sum" else jax.lax.pmax)(x, self.axis_name)
 
     def exchange(self, ex, bufs):
-        """Every round's messages: one ``ppermute`` per round (``collective="ppermute"``) or all
-        rounds in one ``all_to_all`` (``"all_to_all"``; the same values, one collective)."""
+        """Every round's messages: one ``ppermute`` per round, over the round's rank pairs in
+        both directions (zeros where this device sits out the round)."""
         perms = [[(a, b) for a, b in rnd] + [(b, a) for a, b in rnd] for rnd in ex.rounds]
-        if self.collective == "ppermute" or len(bufs) < 2:
-            return [jax.lax.ppermute(buf, self.axis_name, perm) for perm, buf in zip(perms, bufs)]
-        return _all_to_all_rounds(bufs, perms, self.axis_name, self.size)
+        return [jax.lax.ppermute(buf, self.axis_name, perm) for perm, buf in zip(perms, bufs)]
 
     def local_map(self, fn, *args):
         """``fn(*args)`` on each device's block, as ``jax.shard_map`` (directly when already inside).
@@ -398,47 +227,6 @@ class Blocks:
     global array is the blocks concatenated); serial and MPI hold them as they are."""
 
     value: object = dataclasses.field(metadata=dict(blocks=True))
-
-
-COLLECTIVES = ("auto", "ppermute", "all_to_all")
-
-# The sharded exchange's collective by device count P where "auto" is asked for (the faster of the
-# two in the several-GPU runs, docs/multi-gpu.md); P not listed: "ppermute", the faster at every
-# P measured so far.
-_AUTO_COLLECTIVE: dict[int, str] = {}
-
-
-def resolve_collective(collective: str, size: int) -> str:
-    """``collective`` (one of :data:`COLLECTIVES`) for ``size`` devices, ``"auto"`` resolved."""
-    if collective not in COLLECTIVES:
-        raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
-    return _AUTO_COLLECTIVE.get(size, "ppermute") if collective == "auto" else collective
-
-
-def _all_to_all_rounds(bufs, perms, axis_name: str, size: int):
-    """The messages of every round in one ``lax.all_to_all`` (inside ``shard_map``).
-
-    ``bufs[r]: (..., k_r)`` goes to this device's partner in round r (``perms[r]``: the
-    round's (source, destination) pairs); what each partner sent comes back in the same
-    order, zeros where this device sits out a round (as ``ppermute`` gives). Each message
-    is padded to the longest, so the one collective moves ``size × max k_r`` values.
-    """
-    me = jax.lax.axis_index(axis_name)
-    k = max(int(b.shape[-1]) for b in bufs)
-    lead = bufs[0].shape[:-1]
-    send = jnp.zeros(lead + (size + 1, k), bufs[0].dtype)  # row `size`: rounds this device sits out
-    rows = []
-    for perm, buf in zip(perms, bufs):
-        dest = np.full(size, size, np.int32)
-        for a, b in perm:
-            dest[a] = b
-        row = jnp.asarray(dest)[me]
-        send = send.at[..., row, : buf.shape[-1]].set(buf)
-        rows.append(row)
-    axis = len(lead)
-    recv = jax.lax.all_to_all(send[..., :size, :], axis_name, split_axis=axis, concat_axis=axis)
-    recv = jnp.concatenate([recv, jnp.zeros(lead + (1, k), recv.dtype)], axis=axis)
-    return [recv[..., row, : buf.shape[-1]] for row, buf in zip(rows, bufs)]
 
 
 def _check_op(op):
@@ -491,62 +279,6 @@ def _shard_map(f, mesh, in_specs, out_specs):
     return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)  # pragma: no cover
 
 
-@functools.lru_cache(maxsize=1)
-def _mpi_world():
-    """The cached MPI communicator (a duplicate of COMM_WORLD), or None on one process."""
-    size = launcher_size()
-    if size is None or size <= 1:
-        return None
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        warnings.warn(
-            f"an MPI launcher started {size} processes but mpi4py is not installed: "
-            "each process runs alone (size 1). Install mpi4py and mpi4jax "
-            "(see tests/run.sh) to run distributed.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return None
-    if MPI.COMM_WORLD.Get_size() == 1:
-        return None
-    global HOST_STAGING_TUNED
-    HOST_STAGING_TUNED = _tune_host_staging()
-    return MPI.COMM_WORLD.Dup()
-
-
-# True once a distributed run has raised glibc's mmap threshold (see _tune_host_staging).
-HOST_STAGING_TUNED = False
-
-
-def _tune_host_staging() -> bool:
-    """Keep mpi4jax's per-call host staging buffers off fresh mmap pages.
-
-    Without CUDA-aware MPI, mpi4jax mallocs a host send and receive buffer on
-    every call. glibc serves requests above its mmap threshold (128 KiB by
-    default, raised dynamically up to 32 MiB) with a fresh ``mmap`` and returns
-    them with ``munmap``, so every exchange page-faults its whole buffer again.
-    Raising the threshold to its 32 MiB maximum and disabling trimming lets
-    the heap reuse those pages. Measured on 4×H200 (mpi4jax 0.9.1, Open MPI
-    4.1, not CUDA-aware; experiments/results/x4/exchange_mpi_*.json): a 16 MB
-    exchange 25.3 ms → 7.0 ms, 4 MB 6.0 → 1.8 ms; ≤ 1 MB unchanged. On by
-    default in a distributed run; ``JAXSEM_MALLOPT=0`` turns it off (it
-    changes the whole process's allocator: freed memory up to 32 MiB per
-    block stays in the heap).
-    """
-    if os.environ.get("JAXSEM_MALLOPT", "1") == "0":
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        ok = libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20) and libc.mallopt(M_TRIM_THRESHOLD, 2**30)
-        return bool(ok)
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        return False
-
-
 def get_comm() -> Comm:
     """The world communicator of this run.
 
@@ -558,7 +290,7 @@ def get_comm() -> Comm:
         :class:`Comm` with this process's ``rank`` and the world ``size``
         (``Comm(rank=0, size=1)`` on a single process).
     """
-    world = _mpi_world()
+    world = _mpi.world()
     if world is None:
         return Comm(rank=0, size=1)
     return Comm(rank=world.Get_rank(), size=world.Get_size())
@@ -604,35 +336,6 @@ def _allreduce(x, comm, op: str):
     return comm.allreduce(x, op)
 
 
-@functools.lru_cache(maxsize=1)
-def _mpi4jax():
-    """Import mpi4jax once, mending its sendrecv transpose for symbolic-zero cotangents.
-
-    mpi4jax 0.9's transpose rule binds the cotangent directly, which fails when
-    JAX passes a symbolic ``Zero`` (it does inside the transpose of
-    ``lax.custom_linear_solve``). The message must still be exchanged — the
-    partner rank is waiting for it — so the zero is instantiated first.
-    """
-    import mpi4jax
-    from jax.interpreters import ad
-
-    try:
-        from mpi4jax._src.collective_ops import sendrecv as _sr
-    except ImportError:  # layout changed: leave mpi4jax as it is
-        return mpi4jax
-    rule = ad.primitive_transposes.get(_sr.mpi_sendrecv_p)
-    if rule is not None and not getattr(rule, "_jaxsem_mended", False):
-
-        def mended(out_tan, *args, **params):
-            if type(out_tan) is ad.Zero:
-                out_tan = ad.instantiate_zeros(out_tan)
-            return rule(out_tan, *args, **params)
-
-        mended._jaxsem_mended = True
-        ad.primitive_transposes[_sr.mpi_sendrecv_p] = mended
-    return mpi4jax
-
-
 def allreduce_max(x, comm: Comm):
     """Elementwise maximum of ``x`` over all ranks (not differentiable); identity on one rank."""
     return _allreduce(x, comm, "max")
@@ -675,9 +378,9 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
                 "on one rank a process receives its own message, so they must agree"
             )
         return jnp.asarray(sendbuf, dtype=dtype)
-    mpi4jax = _mpi4jax()
+    mpi4jax = _mpi.mpi4jax_module()
 
     if isinstance(recvbuf_template, jax.ShapeDtypeStruct):
         recvbuf_template = jnp.zeros(shape, dtype)
     sendbuf = jnp.asarray(sendbuf)
-    return mpi4jax.sendrecv(sendbuf, recvbuf_template, source, dest, comm=_mpi_world())
+    return mpi4jax.sendrecv(sendbuf, recvbuf_template, source, dest, comm=_mpi.world())

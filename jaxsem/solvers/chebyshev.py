@@ -26,7 +26,7 @@ from typing import Callable
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["fourth_kind", "first_kind", "ritz_bounds", "steps_for"]
+__all__ = ["fourth_kind", "first_kind", "lanczos", "ritz_bounds", "steps_for"]
 
 
 def fourth_kind(A: Callable, dinv, rho, degree: int, r, x=None):
@@ -77,14 +77,15 @@ def first_kind(A: Callable, dinv, lmin, lmax, degree: int, r):
     return x + d
 
 
-def ritz_bounds(A: Callable, dinv, r, dot: Callable, steps: int):
-    """``(λ_min, λ_max)`` Ritz values of D⁻¹A after ``steps`` Jacobi-PCG (Lanczos) steps from ``r``.
+def lanczos(A: Callable, dinv, r, dot: Callable, steps: int):
+    """The Lanczos tridiagonal of D⁻¹A after ``steps`` Jacobi-PCG steps from ``r``: ``(diag, off)``,
+    ``(steps,)`` and ``(steps − 1,)``; its eigenvalues are the Ritz values (:func:`ritz_bounds`).
 
-    The Lanczos matrix comes from the CG coefficients (Saad, *Iterative Methods*, §6.7):
-    T_jj = 1/α_j + β_{j−1}/α_{j−1}, T_j,j+1 = √β_j/α_j. λ_max is approached from below
-    (multiply by a safety factor before using it as a bound), λ_min from above. Steps after
-    an exact breakdown (a residual or curvature of 0: the Krylov space is exhausted) are
-    dropped. ``dot``: the global inner product of continuous E-vectors (all ranks).
+    From the CG coefficients (Saad, *Iterative Methods*, §6.7): T_jj = 1/α_j + β_{j−1}/α_{j−1},
+    T_j,j+1 = √β_j/α_j. Steps after an exact breakdown (a residual or curvature of 0: the
+    Krylov space is exhausted) are dropped (decoupled rows repeating the first diagonal entry,
+    a value inside the spectrum). ``dot``: the global inner product of continuous E-vectors
+    (all ranks).
     """
     z = dinv * r
     rz = dot(r, z)
@@ -106,12 +107,17 @@ def ritz_bounds(A: Callable, dinv, r, dot: Callable, steps: int):
     _, (alpha, beta, ok) = lax.scan(body, (r, z, rz, jnp.asarray(True)), None, length=steps)
     inv = jnp.where(ok, 1 / jnp.where(ok, alpha, 1), 0)
     prev = jnp.concatenate([jnp.zeros((1,), dt), beta[:-1] * inv[:-1]])
-    diag = inv + prev
-    # dropped steps repeat the first diagonal entry, decoupled: a value inside the spectrum
-    diag = jnp.where(ok, diag, diag[0])
+    diag = jnp.where(ok, inv + prev, inv[0] + prev[0])
     off = jnp.where(ok[1:], jnp.sqrt(jnp.maximum(beta[:-1], 0)) * inv[:-1], 0)
-    T = jnp.diag(diag) + jnp.diag(off, 1) + jnp.diag(off, -1)
-    lam = jnp.linalg.eigvalsh(T)
+    return diag, off
+
+
+def ritz_bounds(A: Callable, dinv, r, dot: Callable, steps: int):
+    """``(λ_min, λ_max)`` Ritz values of D⁻¹A after ``steps`` Jacobi-PCG (Lanczos) steps from ``r``
+    (:func:`lanczos`). λ_max is approached from below (multiply by a safety factor before using
+    it as a bound), λ_min from above."""
+    diag, off = lanczos(A, dinv, r, dot, steps)
+    lam = jnp.linalg.eigvalsh(jnp.diag(diag) + jnp.diag(off, 1) + jnp.diag(off, -1))
     return lam[0], lam[-1]
 
 

@@ -1,10 +1,11 @@
 """p-multigrid: a V-cycle over polynomial orders, Chebyshev-smoothed, as a PCG preconditioner.
 
-Levels are the same mesh at decreasing orders (default p → ⌈p/2⌉ → … → 1), each a
-full :class:`~jaxsem.discretization.SEM` built with the same partition (the same
-element blocks on every rank or device), its coordinates the finest level's
-interpolated to its GLL points (curved geometry stays consistent) and its operator
-rediscretized there (the p-multigrid of Lottes & Fischer, J. Sci. Comput. 2005). Between
+Levels are the same elements at decreasing orders (default p → ⌈p/2⌉ → … → 1), each a
+full discretization split like the finest, built by
+:func:`jaxsem.discretization.hierarchy.levels` (coordinates interpolated from the finest
+level, operator rediscretized there: the p-multigrid of Lottes & Fischer, J. Sci.
+Comput. 2005); this module needs only their operators, gather–scatter and products. Between
+levels:Between
 levels:
 
 * prolongation P: GLL-to-GLL Lagrange interpolation element by element,
@@ -24,16 +25,14 @@ polynomial, bounds ρ ≥ λ_max); plain PCG (:func:`jaxsem.solvers.pcg.linear_s
 takes it as ``precond`` and no flexible outer method is needed. A cycle has no
 inner products, hence no global reductions: only each level's gather–scatter.
 
-:func:`setup` builds the levels on the host and measures the spectra (a few Lanczos
-steps per level, compiled); :func:`vcycle` is a function of rank-local data, so it
-runs unchanged inside :meth:`SEM.local_map` (sharded devices) and under MPI.
+:func:`setup` measures the levels' spectra (a few Lanczos steps per level, compiled);
+:func:`vcycle` is a function of rank-local data, so it runs unchanged inside :meth:`SEM.local_map` (sharded devices) and under MPI.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import Callable
 
 import jax
@@ -41,9 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import basis
-from ..discretization.sem import SEM, discretize
-from ..discretization.shard import placement_of
-from ..mesh.box import Mesh
 from ..operators.tensor import interp, interp_t
 from . import chebyshev
 
@@ -51,11 +47,7 @@ from . import chebyshev
 # schedule or another coarse solver is the remedy, not more steps.
 MAX_COARSE_STEPS = 500
 
-__all__ = ["PMGOptions", "PMGScheduleWarning", "PMG", "Level", "setup", "vcycle", "prolong", "restrict", "default_orders"]
-
-
-class PMGScheduleWarning(UserWarning):
-    """The default p-multigrid schedule was cut short: the geometry folds at a lower order."""
+__all__ = ["PMGOptions", "PMG", "Level", "setup", "vcycle", "prolong", "restrict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +128,7 @@ class Level:
         the finest).
     """
 
-    sem: SEM
+    sem: object
     dinv: jax.Array
     lmin: jax.Array
     rho: jax.Array
@@ -189,14 +181,6 @@ class PMG:
         return self.operator(self.levels[level].sem, *self.coefficients(level))
 
 
-def default_orders(order: int) -> tuple:
-    """Halving: ``(p, ⌈p/2⌉, …, 1)``; e.g. 7 → (7, 4, 2, 1), 8 → (8, 4, 2, 1)."""
-    out = [int(order)]
-    while out[-1] > 1:
-        out.append((out[-1] + 1) // 2)
-    return tuple(out)
-
-
 def prolong(J, uc):
     """Interpolate a level's E-vector to the next finer one: ``(..., E, m, m, m) → (..., E, n, n, n)``.
 
@@ -206,7 +190,7 @@ def prolong(J, uc):
     return interp(uc, J)
 
 
-def restrict(coarse: SEM, J, mult_fine, rf):
+def restrict(coarse, J, mult_fine, rf):
     """Pᵀ of :func:`prolong` on assembled vectors: ``mask_c·QQᵀ_c Jᵀ(mult_f · r_f)``.
 
     ``rf: (..., E, n, n, n)`` a continuous (assembled) fine residual; returns the coarse
@@ -240,129 +224,78 @@ def _cycle(pmg: PMG, l: int, r):
     return chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r, x)
 
 
-def setup(sem: SEM, mesh: Mesh, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
-          options: PMGOptions = PMGOptions(), partition=None) -> PMG:
-    """Build the p-multigrid preconditioner of ``u ↦ operator(sem, h1, h2)(u)`` on ``sem``.
+def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
+          options: PMGOptions = PMGOptions()) -> PMG:
+    """Build the p-multigrid preconditioner of ``u ↦ operator(sem, h1, h2)(u)`` on a hierarchy.
 
     Args:
-      sem: the finest discretization (serial, sharded over devices, or one MPI rank's).
-      mesh: the mesh ``sem`` was built from (the coarse levels are numbered from its
-        topology; their coordinates are ``sem.x`` interpolated).
+      levels: the discretizations, finest first: the same elements at decreasing orders
+        (:func:`jaxsem.discretization.hierarchy.levels`), serial, sharded over devices or
+        one MPI rank's, all split alike.
       operator: ``(sem, h1, h2) -> (u -> A u)``, the assembled operator on any level
-        (:func:`jaxsem.models.poisson.operator`).
+        (:func:`jaxsem.elliptic.operator`).
       diagonal: ``(sem, h1, h2) -> D⁻¹``, its inverse assembled diagonal, 0 on Dirichlet
-        nodes (:func:`jaxsem.models.poisson.jacobi`).
-      h1, h2: coefficients: scalars, per element ``(E, 1, 1, 1)`` or per quadrature point
-        ``(E, q, q, q)`` (interpolated to each level's quadrature points).
-      options: :class:`PMGOptions`.
-      partition: the ``(E,)`` rank of each element used to build ``sem`` under MPI when it
-        was not the default (sharded and serial ones are read from ``sem``).
-    Returns a :class:`PMG`. Host work (meshes, numberings, plans) plus one compiled
-    Lanczos run per level; a few seconds at most on a CPU for small meshes.
+        nodes (:func:`jaxsem.elliptic.jacobi`).
+      h1, h2: coefficients on the finest level: scalars, per element ``(E, 1, 1, 1)`` or
+        per quadrature point ``(E, q, q, q)`` (interpolated to each level's quadrature points).
+      options: :class:`PMGOptions` (its ``orders`` and ``dtype`` shape the hierarchy and
+        are read where that is built).
+    Returns a :class:`PMG`; one compiled Lanczos run per level measures its spectrum.
     """
-    if not isinstance(sem, SEM):
-        raise TypeError(f"sem must be a jaxsem SEM, got {type(sem).__name__}")
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
-    if mesh.order != sem.order or not np.isin(sem.host_elements(), np.arange(-1, mesh.num_elements)).all():
-        raise ValueError(f"mesh (order {mesh.order}, {mesh.num_elements} elements) is not the mesh of sem "
-                         f"(order {sem.order})")
     if not isinstance(options, PMGOptions):
         raise TypeError(f"options must be a PMGOptions, got {type(options).__name__}")
-    orders = _orders(sem.order, options.orders)
+    sems = tuple(levels)
+    if not sems or any(a.order <= b.order for a, b in zip(sems, sems[1:])):
+        raise ValueError(f"levels must be discretizations of strictly decreasing order, got orders "
+                         f"{tuple(getattr(s, 'order', None) for s in sems)}")
+    sem, dtype = sems[0], sems[0].x.dtype
     scalars = tuple(h if _scalar(h) else None for h in (h1, h2))
     dirichlet = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
-    dtype = sem.x.dtype if options.dtype is None else jnp.dtype(options.dtype)
-    place = placement_of(sem, mesh, partition)
-    x_fine = _fine_coordinates(sem, mesh)
-    backend = "einsum" if sem.backend.name == "einsum" else "auto"
-
-    sems = [sem]
-    if dtype != sem.x.dtype:  # the finest level again, in the cycle's precision
-        sems = [discretize(dataclasses.replace(mesh, x=x_fine), quadrature=sem.quadrature, dirichlet=dirichlet,
-                           backend=backend, dtype=dtype, **place)]
-    for order in orders[1:]:
-        Jx = basis.interp_matrix(sem.n, order + 1, "gll", "gll")[0]
-        coarse_mesh = dataclasses.replace(mesh, order=order, x=interp(x_fine, Jx))
-        try:
-            c = discretize(coarse_mesh, quadrature=sem.quadrature, dirichlet=dirichlet,
-                           backend=backend, dtype=dtype, **place)
-        except ValueError as err:
-            if "inverted" not in str(err):
-                raise
-            if options.orders is not None:
-                raise ValueError(f"options.orders: the geometry interpolated to order {order} (levels {orders}) "
-                                 f"folds: {err}; end the schedule at a higher order") from err
-            # the default schedule ends at the lowest order whose geometry does not fold
-            kept = orders[: orders.index(order)]
-            warnings.warn(f"p-multigrid: the geometry folds at order {order}; levels {kept} instead of {orders}",
-                          PMGScheduleWarning, stacklevel=3)
-            break
-        if not np.array_equal(c.host_elements(), sem.host_elements()):
-            raise ValueError("partition: the coarse levels were split differently from sem; pass the "
-                             "partition sem was built with")
-        sems.append(c)
-
     # a pure-Neumann Laplacian is singular (constants): Lanczos then starts in the range of A
     singular = not dirichlet and scalars[1] == 0
     steps = options.lanczos_steps
-    levels = []
+    built = []
     for l, s in enumerate(sems):
         hs = [None if sc is not None else _coefficient(h, sem, s) for h, sc in zip((h1, h2), scalars)]
-        dinv, lmin, lmax = _measure(s, operator, diagonal, scalars, hs[0], hs[1], steps, singular)
+        dinv, diag, off = _measure(s, operator, diagonal, scalars, hs[0], hs[1], steps, singular)
+        # the Ritz values on the host: an eigensolver in the compiled program costs more to compile
+        # than the few dozen numbers it handles
+        diag, off = np.asarray(diag, np.float64), np.asarray(off, np.float64)
+        lam = np.linalg.eigvalsh(np.diag(diag) + np.diag(off, 1) + np.diag(off, -1))
+        lmin, lmax = jnp.asarray(lam[0], dtype), jnp.asarray(lam[-1], dtype)
         if not float(lmax) > 0:  # no unknowns on this level (all Dirichlet): the one above is the coarsest
             if l == 0:
                 raise ValueError("sem has no unknowns (every node is a Dirichlet node): nothing to precondition")
             break
         J = None if l == 0 else jnp.asarray(basis.interp_matrix(s.n, sems[l - 1].n, "gll", "gll")[0], dtype)
-        levels.append(Level(sem=s, dinv=dinv, lmin=lmin, rho=options.safety * lmax, h1=hs[0], h2=hs[1], J=J))
+        built.append(Level(sem=s, dinv=dinv, lmin=lmin, rho=options.safety * lmax, h1=hs[0], h2=hs[1], J=J))
 
     if options.coarse_steps is not None:
         coarse_steps = int(options.coarse_steps)
     else:
-        c = levels[-1]
+        c = built[-1]
         kappa = float(c.rho) / max(float(c.lmin), float(c.rho) * 1e-12)
         coarse_steps = min(chebyshev.steps_for(kappa, options.coarse_reduction), MAX_COARSE_STEPS)
-    return PMG(levels=tuple(levels), operator=operator, diagonal=diagonal, scalars=scalars,
+    return PMG(levels=tuple(built), operator=operator, diagonal=diagonal, scalars=scalars,
                degree=int(options.degree), coarse_steps=coarse_steps, options=options)
-
-
-def _orders(order: int, given) -> tuple:
-    if given is None:
-        return default_orders(order)
-    given = tuple(given)
-    if given[0] != order:
-        given = (order,) + given
-    if any(a <= b for a, b in zip(given, given[1:])):
-        raise ValueError(f"options.orders must decrease strictly from the fine order {order}, got {given}")
-    return given
 
 
 def _scalar(h) -> bool:
     return isinstance(h, (int, float, np.integer, np.floating)) and not isinstance(h, bool)
 
 
-def _fine_coordinates(sem: SEM, mesh: Mesh) -> np.ndarray:
-    """``(3, E_mesh, n, n, n)`` float64: ``mesh.x`` with the elements ``sem`` holds taken from ``sem.x``."""
-    x = np.array(mesh.x, dtype=np.float64)
-    el = sem.host_elements()
-    keep = el >= 0
-    x[:, el[keep]] = np.asarray(sem.host(sem.x), dtype=np.float64)[:, keep]
-    return x
-
-
-def _coefficient(h, fine: SEM, level: SEM):
+def _coefficient(h, fine, level):
     """A coefficient field on ``fine``'s quadrature points, on ``level``'s (interpolated per element,
     in ``level``'s dtype)."""
     h = jnp.asarray(h, level.x.dtype)
-    if h.shape[-3:] == (1, 1, 1) or level.n == fine.n:
+    if h.ndim == 0 or h.shape[-3:] == (1, 1, 1) or level.n == fine.n:
         return h
     kind = "gll" if fine.quadrature == "gll" else "gauss"
     Jq = basis.interp_matrix(fine.J.shape[0], level.J.shape[0], kind, kind)[0]
     return interp(h, jnp.asarray(Jq, h.dtype))
 
 
-def _start_vector(sem: SEM):
+def _start_vector(sem):
     """A rough, continuous, masked start vector that depends only on node coordinates
     (so serial, sharded and MPI runs start Lanczos from the same vector)."""
     x, y, z = sem.x[0], sem.x[1], sem.x[2]
@@ -372,8 +305,8 @@ def _start_vector(sem: SEM):
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 6, 7))
-def _measure(sem: SEM, operator, diagonal, scalars, h1, h2, steps, singular):
-    """``(dinv, λ_min, λ_max)`` of one level: its Jacobi diagonal and Ritz bounds of D⁻¹A.
+def _measure(sem, operator, diagonal, scalars, h1, h2, steps, singular):
+    """``(dinv, diag, off)`` of one level: its Jacobi diagonal and the Lanczos tridiagonal of D⁻¹A.
 
     ``scalars``: static ``(h1, h2)`` (``None`` where the coefficient is the field ``h1``/``h2``).
     ``singular``: A annihilates constants; the start vector A v is orthogonal to them, so
@@ -385,7 +318,6 @@ def _measure(sem: SEM, operator, diagonal, scalars, h1, h2, steps, singular):
         dinv = diagonal(s, c1, c2)
         A = operator(s, c1, c2)
         v = _start_vector(s)
-        lmin, lmax = chebyshev.ritz_bounds(A, dinv, A(v) if singular else v, s.dot, steps)
-        return dinv, lmin, lmax
+        return (dinv,) + chebyshev.lanczos(A, dinv, A(v) if singular else v, s.dot, steps)
 
     return sem.local_map(local, h1, h2)

@@ -2,23 +2,33 @@
 
 A run that stops never reports success. Each exception carries ``step`` (the step at which
 the problem was found; the first failed one where the steps tell it), ``t`` and ``status``
-(a short machine-readable reason for reports: ``"unstable"``, ``"solve_failed"``).
-:class:`jaxsem.solvers.timestepping.NonFiniteError` (``status = "non_finite"``) is the third.
+(a short machine-readable reason for reports): :class:`UnstableRunError` (``"unstable"``) and
+:class:`SolveFailedError` (``"solve_failed"``) are :class:`RunStopped`; :class:`NonFiniteError`
+(``"non_finite"``) is a ``FloatingPointError``; :class:`RunInterrupted` (``"interrupted"``, by
+SIGINT or SIGTERM) is a ``BaseException``, as ``KeyboardInterrupt`` is, so that a handler of
+``Exception`` does not swallow it.
 """
 
 from __future__ import annotations
 
-__all__ = ["RunStopped", "UnstableRunError", "SolveFailedError"]
+import os
+import signal
+
+__all__ = ["RunStopped", "UnstableRunError", "SolveFailedError", "NonFiniteError", "RunInterrupted"]
 
 
-class RunStopped(RuntimeError):
-    """A run stopped before its end; ``step``, ``t``, ``status`` say where and why."""
+class _Stop:
+    """The fields of every stop (a mixin before the exception base): ``step``, ``t``, ``status``."""
 
     status = "stopped"
 
     def __init__(self, message: str, step: int, t: float):
         self.step, self.t = int(step), float(t)
         super().__init__(message)
+
+
+class RunStopped(_Stop, RuntimeError):
+    """A run stopped before its end; ``step``, ``t``, ``status`` say where and why."""
 
 
 class UnstableRunError(RunStopped):
@@ -44,3 +54,31 @@ class SolveFailedError(RunStopped):
         super().__init__(f"{solve} solve missed its tolerance at step {step} (t = {t:.6g}): relative residual "
                          f"{residual:.3g}; {failures} failed solve(s) in the sample"
                          f"{'; ' + hint if hint else ''}", step, t)
+
+
+class NonFiniteError(_Stop, FloatingPointError):
+    """The solution became NaN/Inf; ``step`` is the first step whose result is not finite."""
+
+    status = "non_finite"
+
+    def __init__(self, step: int, t: float, method: str, dt: float):
+        super().__init__(f"non-finite values (NaN/Inf) appeared at step {step} (t = {t:.6g}) of a {method} run "
+                         f"with dt = {dt:.6g}; the state before that step was finite", step, t)
+
+
+class RunInterrupted(_Stop, BaseException):
+    """A run stopped by SIGINT or SIGTERM after a whole chunk (and its checkpoint).
+
+    Attributes: ``step`` and ``t`` reached, ``signal`` (its number), ``checkpoint`` (the
+    file holding that state, or ``None`` where the run writes none).
+    """
+
+    status = "interrupted"
+
+    def __init__(self, step: int, t: float, signum: int, checkpoint: str | None):
+        self.signal = signum
+        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
+        kept = (f"checkpoint {self.checkpoint} holds this state" if checkpoint is not None
+                else "no checkpoint was written")
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} (t = {t:.6g}); {kept}",
+                         step, t)

@@ -1,4 +1,4 @@
-"""Explicit Runge–Kutta time stepping as ``lax`` loops, and a guarded driver for long runs.
+"""Explicit Runge–Kutta time stepping as pure ``lax`` loops, and the stability limits of the methods.
 
 Methods (``method=``):
 
@@ -8,29 +8,17 @@ Methods (``method=``):
 * ``"ssprk3"`` — Shu–Osher 3-stage 3rd-order strong-stability-preserving RK.
 * ``"rk4"`` — the classic 4-stage 4th-order RK.
 
-``f(t, y)`` may return any pytree shaped like ``y``.
+``f(t, y)`` may return any pytree shaped like ``y``. :func:`rk_step` is one step;
+:func:`advance_fn` a jitted chunk of steps, the kernel of the host driver
+:func:`jaxsem.solvers.driver.run` (chunks, NaN/Inf checks, progress, checkpoint files) and the
+one to time (``experiments/maxwell_throughput.py``).
 
-Two entry points:
-
-* :func:`integrate` — pure and differentiable: ``lax.scan`` over a static
-  number of steps, optional per-step observations, and a reverse-mode memory
-  schedule (:class:`Checkpointing`; ``Checkpointing("sqrt")``: memory ~ √steps
-  for ``jax.grad`` through long runs, by ``jax.checkpoint`` or, where steps send
-  MPI messages, by an equivalent ``jax.custom_vjp``). Reverse mode keeps the
-  input of every stage and recomputes ``f``'s internals from it (each ``f``
-  evaluation under ``jax.checkpoint``), exact for any ``f``.
-* :func:`run` — the host-side driver (:class:`RunOptions`): chunks of steps
-  under ``jit``, a tqdm progress bar on stderr, NaN/Inf detection that names
-  the step where the blow-up appeared (:class:`NonFiniteError`), refusal of a
-  Δt above a given stable limit, and atomic npz checkpoints that carry the
-  run's metadata, from which a run with the same metadata resumes to a
-  bit-identical result. Its compiled chunk, :func:`advance_fn`, is also the
-  kernel to time (``experiments/maxwell_throughput.py``).
-
-:func:`run` steps low-storage methods with their stages in a loop (one copy of
-``f`` in the compiled program: :func:`rk_step` with ``loop_stages=True``);
-:func:`integrate` does so on the CPU and writes the stages out on an
-accelerator (its ``stages`` argument).
+:func:`integrate` is pure and differentiable: ``lax.scan`` over a static number of steps,
+optional per-step observations, and a reverse-mode memory schedule (:class:`Checkpointing`;
+``Checkpointing("sqrt")``: memory ~ √steps for ``jax.grad`` through long runs, by
+``jax.checkpoint`` or, where steps send MPI messages, by an equivalent ``jax.custom_vjp``).
+Reverse mode keeps the input of every stage and recomputes ``f``'s internals from it (each
+``f`` evaluation under ``jax.checkpoint``), exact for any ``f``.
 
 Stability: :func:`stability_radius` is the radius of the largest half-disk
 ``{|z| ≤ r, Re z ≤ 0}`` inside a method's stability region, so
@@ -42,53 +30,18 @@ that limit by a CFL factor.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import os
-import signal
-import sys
-import threading
-import time
-import zipfile
-from collections.abc import Mapping
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..io import atomic_output
-from .stops import UnstableRunError
-
-__all__ = [
-    "stability_function",
-    "METHODS",
-    "LowStorageTableau",
-    "ButcherTableau",
-    "tableau",
-    "rk_step",
-    "integrate",
-    "Checkpointing",
-    "REMATS",
-    "run",
-    "RunOptions",
-    "advance_fn",
-    "drive",
-    "RunInfo",
-    "NonFiniteError",
-    "stability_radius",
-    "imaginary_axis_limit",
-    "spectral_radius",
-    "cfl_dt",
-    "save_checkpoint",
-    "load_checkpoint",
-    "checkpoint_meta",
-    "checkpoint_shapes",
-    "RunInterrupted",
-    "meta_mismatch",
-]
+__all__ = ["METHODS", "LowStorageTableau", "ButcherTableau", "tableau", "rk_step", "advance_fn", "integrate",
+           "Checkpointing", "REMATS", "stability_function", "stability_radius", "imaginary_axis_limit",
+           "spectral_radius", "cfl_dt"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +117,7 @@ def tableau(method: str):
     return _TABLEAUX[method]
 
 
-# ----------------------------------------------------------------------------- one step
+# ----------------------------------------------------------------------------- steps
 
 _axpy = lambda a, x, y: jax.tree_util.tree_map(lambda xi, yi: a * xi + yi, x, y)
 
@@ -175,7 +128,7 @@ def rk_step(f: Callable, t, y, dt, method: str = "lserk4", loop_stages: bool = F
     ``loop_stages``: run the stages of a low-storage method as a ``fori_loop``
     (one copy of ``f`` in the compiled program instead of one per stage: much
     faster compilation, the same arithmetic), as :func:`integrate` and
-    :func:`run` do; unrolled, the step also takes NumPy arrays
+    :func:`advance_fn` do; unrolled, the step also takes NumPy arrays
     (:func:`stability_function`).
     """
     tab = tableau(method)
@@ -211,6 +164,19 @@ def rk_step(f: Callable, t, y, dt, method: str = "lserk4", loop_stages: bool = F
     for bs, ks_ in zip(tab.b, ks):
         y = _axpy(bs * dt, ks_, y)
     return y
+
+
+@functools.lru_cache(maxsize=32)
+def advance_fn(f, method: str, with_args: bool = True):
+    """A jitted ``(y, args, t0, dt, m0, count) -> y`` running steps ``m0 .. m0+count-1``."""
+    g = f if with_args else (lambda t, y, args: f(t, y))
+
+    @jax.jit
+    def advance(y, args, t0, dt, m0, count):
+        body = lambda m, y: rk_step(lambda t, y: g(t, y, args), t0 + m * dt, y, dt, method, loop_stages=True)
+        return jax.lax.fori_loop(m0, m0 + count, body, y)
+
+    return advance
 
 
 # ----------------------------------------------------------------------------- pure integration
@@ -497,537 +463,3 @@ def cfl_dt(rho: float, method: str = "lserk4", cfl: float = 0.5) -> float:
     if not (np.isfinite(rho) and rho > 0):
         raise ValueError(f"rho (spectral radius) must be a positive number, got {rho!r}")
     return float(cfl) * stability_radius(method) / float(rho)
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(path, y, t: float, step: int, **meta) -> None:
-    """Write state ``y`` (a pytree of arrays), time and step to ``path`` (npz), atomically.
-
-    Written through :func:`jaxsem.io.atomic_output`: a temporary file with a unique name,
-    created exclusively beside ``path``, renamed onto it when whole; a crash, a full disk or
-    a concurrent writer of the same path leaves either the old or a new checkpoint, and no
-    temporary file. Raises ``ValueError`` for a symlink at ``path``, a ``step`` that is not
-    an integer ≥ 0 or a ``t`` that is not finite (such a file could not be resumed).
-    """
-    path = os.fspath(path)
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"save_checkpoint({path!r}): step must be an integer >= 0, got {step!r}")
-    if not math.isfinite(float(t)):
-        raise ValueError(f"save_checkpoint({path!r}): t must be finite, got {t!r}")
-    leaves = jax.tree_util.tree_leaves(y)
-    arrays = {f"leaf_{i}": np.asarray(a) for i, a in enumerate(leaves)}
-    with atomic_output(path, "checkpoint") as fh:
-        np.savez(fh, t=np.float64(t), step=np.int64(step), num_leaves=np.int64(len(leaves)),
-                 **{f"meta_{k}": np.asarray(v) for k, v in meta.items()}, **arrays)
-
-
-class _Checkpoint(NamedTuple):
-    """An open checkpoint file whose container :func:`_open_checkpoint` has checked."""
-
-    path: str
-    z: object  # numpy's NpzFile
-    num_leaves: int
-
-    def read(self, key: str) -> np.ndarray:
-        """The array ``key``; a damaged member is a ``ValueError`` naming the file."""
-        try:
-            return self.z[key]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise ValueError(f"checkpoint {self.path!r}: cannot read {key!r} ({err})") from None
-
-    def scalar(self, key: str, kinds: str, allowed: str):
-        """The 0-d array ``key`` of a dtype kind in ``kinds``, as a Python value."""
-        a = self.read(key)
-        if a.shape != () or a.dtype.kind not in kinds:
-            raise ValueError(f"checkpoint {self.path!r}: {key} must be {allowed}, got an array of shape "
-                             f"{a.shape} and dtype {a.dtype}")
-        return a.item()
-
-    def leaf_header(self, i: int) -> tuple[tuple, np.dtype]:
-        """Shape and dtype of array ``i`` from its header, without reading its data."""
-        try:
-            with self.z.zip.open(f"leaf_{i}.npy") as fh:
-                version = np.lib.format.read_magic(fh)
-                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                          else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = header(fh)
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
-            raise ValueError(f"checkpoint {self.path!r}: cannot read the header of array {i} ({err})") from None
-        return tuple(shape), np.dtype(dtype)
-
-
-@contextlib.contextmanager
-def _open_checkpoint(path, max_step: int | None = None):
-    """A checkpoint file with its container checked (every error a ``ValueError`` naming the file).
-
-    Checked: an npz archive (no pickled objects) with ``t`` finite, ``step`` an integer in
-    0..``max_step`` (no upper bound for ``None``), ``num_leaves`` an integer ≥ 0 with exactly
-    the arrays ``leaf_0 .. leaf_{num_leaves-1}``, and every ``meta_*`` a 0-d str, number or bool.
-    A missing file is a ``FileNotFoundError`` naming it.
-    """
-    p = os.fspath(path)
-    try:
-        z = np.load(p, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint {p!r}: no such file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ValueError(f"checkpoint {p!r} is not a checkpoint written by save_checkpoint (an npz "
-                         f"archive): {err}") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ValueError(f"checkpoint {p!r} is a single .npy array, not a checkpoint written by save_checkpoint "
-                         "(an npz archive)")
-    with z:
-        missing = [k for k in ("t", "step", "num_leaves") if k not in z.files]
-        if missing:
-            raise ValueError(f"checkpoint {p!r} lacks {', '.join(missing)}: not a checkpoint written by "
-                             f"save_checkpoint (it holds {sorted(z.files)})")
-        ck = _Checkpoint(p, z, 0)
-        n = ck.scalar("num_leaves", "iu", "an integer >= 0")
-        leaves = {k for k in z.files if k.startswith("leaf_")}
-        if n < 0 or leaves != {f"leaf_{i}" for i in range(n)}:
-            raise ValueError(f"checkpoint {p!r}: num_leaves = {n} must be >= 0 and name its arrays "
-                             f"leaf_0 .. leaf_{n - 1}, the file holds {sorted(leaves)}")
-        step = ck.scalar("step", "iu", "an integer")
-        if step < 0 or (max_step is not None and step > max_step):
-            allowed = ">= 0" if max_step is None else f"in 0..{max_step} (this run has {max_step} steps)"
-            raise ValueError(f"checkpoint {p!r}: step must be an integer {allowed}, got {step}")
-        t = ck.scalar("t", "fiu", "a finite number")
-        if not math.isfinite(t):
-            raise ValueError(f"checkpoint {p!r}: t must be a finite number, got {t}")
-        for k in z.files:
-            if k.startswith("meta_"):
-                ck.scalar(k, "biufU", "a str, number or bool")
-        yield ck._replace(num_leaves=n)
-
-
-def load_checkpoint(path, like, *, max_step: int | None = None):
-    """Read a checkpoint written by :func:`save_checkpoint`: ``(y, t, step, meta)``.
-
-    ``like`` gives the pytree structure, shapes and dtypes to expect; ``max_step`` the
-    largest step allowed (the run's step count). Every field is checked
-    (:func:`_open_checkpoint`, then each array's shape and dtype against ``like``); a
-    failure is a ``ValueError`` naming the file, the field, the value and what is allowed.
-    """
-    with _open_checkpoint(path, max_step) as ck:
-        leaves_like, treedef = jax.tree_util.tree_flatten(like)
-        if ck.num_leaves != len(leaves_like):
-            raise ValueError(f"checkpoint {ck.path!r}: num_leaves = {ck.num_leaves}, this run's state has "
-                             f"{len(leaves_like)} arrays")
-        leaves = []
-        for i, ref in enumerate(leaves_like):
-            shape, dtype = ck.leaf_header(i)
-            want_shape, want_dtype = tuple(jnp.shape(ref)), jnp.result_type(ref)
-            if shape != want_shape or dtype != want_dtype:
-                raise ValueError(f"checkpoint {ck.path!r}: array {i} has shape {shape} and dtype {dtype}, "
-                                 f"this run's has shape {want_shape} and dtype {want_dtype}")
-            leaves.append(jnp.asarray(ck.read(f"leaf_{i}")))
-        meta = {k[5:]: ck.read(k)[()] for k in ck.z.files if k.startswith("meta_")}
-        return (jax.tree_util.tree_unflatten(treedef, leaves), float(ck.read("t")), int(ck.read("step")), meta)
-
-
-def checkpoint_shapes(path) -> list:
-    """Shapes and dtypes of a checkpoint's arrays (``jax.ShapeDtypeStruct``, in leaf order), without
-    reading their data; the container is checked as by :func:`load_checkpoint`."""
-    with _open_checkpoint(path) as ck:
-        return [jax.ShapeDtypeStruct(*ck.leaf_header(i)) for i in range(ck.num_leaves)]
-
-
-# ----------------------------------------------------------------------------- guarded driver
-
-
-class NonFiniteError(FloatingPointError):
-    """The solution became NaN/Inf; ``step`` is the first step whose result is not finite."""
-
-    status = "non_finite"
-
-    def __init__(self, step: int, t: float, method: str, dt: float):
-        self.step, self.t = step, t
-        super().__init__(
-            f"non-finite values (NaN/Inf) appeared at step {step} (t = {t:.6g}) of a {method} run "
-            f"with dt = {dt:.6g}; the state before that step was finite"
-        )
-
-
-class RunInterrupted(BaseException):
-    """A run stopped by SIGINT or SIGTERM after a whole chunk (and its checkpoint).
-
-    Attributes: ``step`` and ``t`` reached, ``signal`` (its number), ``checkpoint`` (the
-    file holding that state, or ``None`` where the run writes none). A ``BaseException``,
-    as ``KeyboardInterrupt`` is, so that a handler of ``Exception`` does not swallow it;
-    ``status = "interrupted"`` as the run-stop exceptions of :mod:`jaxsem.solvers.stops` carry theirs.
-    """
-
-    status = "interrupted"
-
-    def __init__(self, step: int, t: float, signum: int, checkpoint: str | None):
-        checkpoint = None if checkpoint is None else os.fspath(checkpoint)
-        self.step, self.t, self.signal, self.checkpoint = step, t, signum, checkpoint
-        kept = (f"checkpoint {checkpoint} holds this state" if checkpoint is not None
-                else "no checkpoint was written")
-        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} (t = {t:.6g}); {kept}")
-
-
-def _catch_stop_signals():
-    """``(received, restore)``: SIGINT and SIGTERM append their number to the list
-    ``received`` until ``restore()`` puts the previous handlers back.
-
-    Python runs handlers in the main thread only; elsewhere nothing is installed.
-    """
-    received, previous = [], {}
-    if threading.current_thread() is not threading.main_thread():
-        return received, lambda: None
-    for s in (signal.SIGINT, signal.SIGTERM):
-        previous[s] = signal.signal(s, lambda signum, frame: received.append(signum))
-
-    def restore():
-        for s, handler in previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-
-    return received, restore
-
-
-def _agreed_signal(received: list, comm) -> int:
-    """The stop signal any process of the run received (0: none), so that all stop after one chunk."""
-    sig = max(received, default=0)
-    if comm is not None and comm.name == "mpi":
-        sig = int(comm.allreduce(sig, op="max"))
-    elif jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        sig = int(np.max(multihost_utils.process_allgather(np.int32(sig))))
-    return sig
-
-
-class RunInfo(NamedTuple):
-    """What :func:`run` did: steps taken in this call, final step and time, wall seconds."""
-
-    steps: int
-    step: int
-    t: float
-    seconds: float
-    chunks: int
-    resumed_from: int | None
-
-
-def plan_steps(t_final: float, limit: float, method: str, cfl: float = 0.5, dt: float | None = None):
-    """``(dt, steps)`` reaching ``t_final`` exactly: a given ``dt`` must divide it;
-    otherwise the largest dt ≤ ``cfl``·``limit`` that does (0 < cfl ≤ 1)."""
-    if dt is None:
-        if not (math.isfinite(cfl) and cfl > 0):
-            raise ValueError(f"cfl must be a positive number, got {cfl!r}")
-        if cfl > 1:
-            raise ValueError(f"cfl = {cfl} exceeds 1: dt would exceed the stable limit {limit:.6g} for {method}")
-        steps = max(1, math.ceil(t_final / (cfl * limit) - 1e-9)) if t_final > 0 else 0
-        return (t_final / steps if steps else cfl * limit), steps
-    steps = max(0, round(t_final / dt))
-    if not math.isclose(steps * dt, t_final, rel_tol=1e-12, abs_tol=1e-14):
-        raise ValueError(f"t_final = {t_final} is not a whole number of steps of dt = {dt}")
-    return dt, steps
-
-
-@jax.jit
-def _all_finite(y):
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree_util.tree_leaves(y)]))
-
-
-@functools.lru_cache(maxsize=32)
-def advance_fn(f, method: str, with_args: bool = True):
-    """A jitted ``(y, args, t0, dt, m0, count) -> y`` running steps ``m0 .. m0+count-1``."""
-    g = f if with_args else (lambda t, y, args: f(t, y))
-
-    @jax.jit
-    def advance(y, args, t0, dt, m0, count):
-        body = lambda m, y: rk_step(lambda t, y: g(t, y, args), t0 + m * dt, y, dt, method, loop_stages=True)
-        return jax.lax.fori_loop(m0, m0 + count, body, y)
-
-    return advance
-
-
-_RUN_KEYS = ("dt", "t0", "method")  # what run records itself in every checkpoint
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """How :func:`run` drives the steps: chunks, guards, progress, checkpoint files (static, hashable).
-
-    None of it changes the arithmetic of a step: any options give the same bits.
-
-    Attributes:
-      chunk_steps: steps per jitted chunk (int ≥ 1): the granularity of progress,
-        NaN/Inf checks and checkpoints.
-      dt_max: the stable limit (e.g. :func:`cfl_dt` with cfl = 1), or ``None``; a
-        ``dt`` above it is refused with a ``ValueError`` naming the limit.
-      progress: show a tqdm progress bar on stderr: True, False, or ``"auto"`` (the default:
-        where stderr is a terminal or in a Jupyter kernel). It says the first chunk's time
-        (compilation included) apart from the steps' rate and the time left.
-      desc: the progress bar's label.
-      checkpoint_path: write ``(y, t, step)`` and the metadata there after every
-        chunk (npz, atomic), or ``None``.
-      resume: path of a checkpoint to continue from, or ``None``. Its metadata
-        (``dt``, ``t0``, ``method`` and every key of ``meta``) must equal this run's.
-      meta: what identifies the run beyond ``dt``, ``t0`` and ``method`` (the DG
-        drivers give flux, form, order, dtype, element count and a mesh
-        fingerprint): a mapping from identifiers to str, int, float or bool,
-        kept as key-sorted ``(key, value)`` pairs.
-
-    Raises ``ValueError`` or ``TypeError`` naming the field for a bad value.
-    """
-
-    chunk_steps: int = 100
-    dt_max: float | None = None
-    progress: bool | str = "auto"
-    desc: str = "time steps"
-    checkpoint_path: str | os.PathLike | None = None
-    resume: str | os.PathLike | None = None
-    meta: tuple = ()
-
-    def __post_init__(self):
-        n = self.chunk_steps
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"RunOptions.chunk_steps must be an int >= 1, got {n!r}")
-        object.__setattr__(self, "chunk_steps", int(n))
-        if self.dt_max is not None:
-            try:
-                v = math.nan if isinstance(self.dt_max, (bool, str)) else float(self.dt_max)
-            except (TypeError, ValueError):
-                v = math.nan
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"RunOptions.dt_max must be None or a positive finite number, got {self.dt_max!r}")
-            object.__setattr__(self, "dt_max", v)
-        if not isinstance(self.progress, (bool, np.bool_)) and self.progress != "auto":
-            raise TypeError(f"RunOptions.progress must be True, False or 'auto', got {self.progress!r}")
-        if not isinstance(self.desc, str):
-            raise TypeError(f"RunOptions.desc must be a str, got {self.desc!r}")
-        for name in ("checkpoint_path", "resume"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise TypeError(f"RunOptions.{name} must be None or a path (str or os.PathLike), got {value!r}")
-        object.__setattr__(self, "meta", _meta_pairs(self.meta))
-
-
-def _meta_pairs(meta) -> tuple:
-    """``meta`` (a mapping or ``(key, value)`` pairs) as key-sorted pairs of plain Python values."""
-    items = meta.items() if isinstance(meta, Mapping) else meta
-    try:
-        items = [tuple(kv) for kv in items]
-    except TypeError:
-        raise TypeError(f"RunOptions.meta must be a mapping of str to str/int/float/bool, got {meta!r}") from None
-    out = {}
-    for kv in items:
-        if len(kv) != 2:
-            raise TypeError(f"RunOptions.meta must be a mapping of str to str/int/float/bool, got {meta!r}")
-        key, value = kv
-        if not isinstance(key, str) or not key.isidentifier():
-            raise ValueError(f"RunOptions.meta keys must be identifiers, got {key!r}")
-        if key in _RUN_KEYS:
-            raise ValueError(f"RunOptions.meta key {key!r} is reserved: run records {', '.join(_RUN_KEYS)} itself")
-        if key in out:
-            raise ValueError(f"RunOptions.meta key {key!r} is given twice")
-        if isinstance(value, np.generic):
-            value = value.item()
-        if not isinstance(value, (str, bool, int, float)):
-            raise TypeError(f"RunOptions.meta[{key!r}] must be a str, int, float or bool, got {value!r}")
-        out[key] = value
-    return tuple(sorted(out.items()))
-
-
-def meta_mismatch(path, saved: dict, want: dict) -> str | None:
-    """Every key where a checkpoint's metadata and this run's differ, as one message (``None``: equal)."""
-    none = "(none)"
-    diffs = [f"{key} = {saved.get(key, none)!r} in the checkpoint, {want.get(key, none)!r} in this run"
-             for key in sorted(set(saved) | set(want)) if saved.get(key, none) != want.get(key, none)]
-    return f"resume: checkpoint {path} is of another run: " + "; ".join(diffs) if diffs else None
-
-
-def checkpoint_meta(path, *, max_step: int | None = None) -> dict:
-    """The metadata of a checkpoint written by :func:`save_checkpoint`, as plain Python values.
-
-    The file is checked as by :func:`load_checkpoint` (errors name it)."""
-    with _open_checkpoint(path, max_step) as ck:
-        return {k[5:]: ck.read(k)[()].item() for k in ck.z.files if k.startswith("meta_")}
-
-
-def run(
-    f: Callable,
-    y0,
-    dt: float,
-    num_steps: int,
-    *,
-    args=None,
-    t0: float = 0.0,
-    method: str = "lserk4",
-    options: RunOptions = RunOptions(),
-    comm=None,
-    growth_limit: float | None = None,
-    norm: Callable | None = None,
-):
-    """Run ``num_steps`` steps in jitted chunks with guards; return ``(y, RunInfo)``.
-
-    Args:
-      f: right-hand side ``f(t, y)``, or ``f(t, y, args)`` when ``args`` is given;
-        keep the same function object between calls to reuse the compiled chunk.
-      y0: initial state (pytree of arrays).
-      dt: step size (> 0).
-      num_steps: total steps from ``t0`` (int ≥ 0); a resumed run continues to it.
-      args: a pytree of arrays passed to ``f`` as a jit argument (so large
-        operands, e.g. the discretization, are not baked into the program).
-      t0: initial time.
-      method: one of :data:`METHODS`.
-      options: chunking, the stable limit, progress and checkpoint files (:class:`RunOptions`).
-      growth_limit: None, or for a source-free problem whose stable steps do not let the
-        solution grow (upwind or central DG fluxes): the state's ``norm`` passing
-        ``growth_limit`` times the start's stops the run with an
-        :class:`jaxsem.solvers.stops.UnstableRunError` naming the step, before overflow.
-      norm: ``y -> ()`` the global norm for ``growth_limit`` (the DG models: the mass norm,
-        which leaves a sharded run's pad elements out); None: the Euclidean norm of every leaf.
-      comm: the discretization's transport (:mod:`jaxsem.parallel.comm`): the NaN/Inf
-        test and the resume check are then global (every rank stops, and replays,
-        together) and, under MPI, each rank writes/reads its own checkpoint file
-        ``PATH.rank{r}-of-{P}``.
-
-    Raises :class:`NonFiniteError` with the first bad step if a NaN/Inf appears
-    (the chunk is replayed step by step from its finite start to find it), and
-    ``ValueError`` naming the key when a resumed checkpoint's metadata differs
-    from this run's. The computation of each step does not depend on the
-    chunking, so a resumed run reproduces an uninterrupted one bit for bit.
-    """
-    tableau(method)
-    if not isinstance(options, RunOptions):
-        raise TypeError(f"options must be a RunOptions, got {options!r}")
-    num_steps = _check_steps(num_steps)
-    dt = float(dt)
-    if not (np.isfinite(dt) and dt > 0):
-        raise ValueError(f"dt must be a positive finite number, got {dt!r}")
-    dt_max = options.dt_max
-    if dt_max is not None and dt > dt_max:
-        raise ValueError(
-            f"dt = {dt:.6g} exceeds the stable limit {dt_max:.6g} for {method}; "
-            f"use dt <= {dt_max:.6g}"
-        )
-    adv = advance_fn(f, method, args is not None)
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
-    t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
-    check = None
-    if growth_limit is not None:
-        check = _growth_check(y0, float(growth_limit), t0, dt, comm, norm)
-    return drive(lambda y, a, m0, count: adv(y, a, t0_, dt_, m0, count), y0, num_steps, dt=dt, t0=t0,
-                 label=method, args=args, options=options, comm=comm, check=check)
-
-
-@jax.jit
-def _sum_of_squares(y):
-    return sum(jnp.sum(jnp.square(a)) for a in jax.tree_util.tree_leaves(y))
-
-
-def _growth_check(y0, limit: float, t0: float, dt: float, comm, norm):
-    """``check`` for :func:`drive`: the state's norm past ``limit`` times the start's stops the run."""
-    if norm is None:
-        norm = lambda y: jnp.sqrt(_sum_of_squares(y) if comm is None else comm.allreduce(_sum_of_squares(y)))
-    n0 = float(norm(y0))
-
-    def check(y, m):
-        n = float(norm(y))
-        if n0 > 0 and n > limit * n0:  # NaN compares False: left to the NaN/Inf test
-            raise UnstableRunError(m, t0 + m * dt, "the state's norm relative to the start", n / n0, limit,
-                                   "a source-free run of a stable scheme does not grow: lower dt")
-
-    return check
-
-
-def _show_progress(progress) -> bool:
-    """``RunOptions.progress`` resolved: ``"auto"`` is a terminal on stderr or a Jupyter kernel."""
-    if progress != "auto":
-        return bool(progress)
-    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
-
-
-def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
-          options: RunOptions = RunOptions(), comm=None, start: int = 0, check: Callable | None = None):
-    """The guarded chunk loop of :func:`run` for any stepper: ``(y, RunInfo)``.
-
-    ``advance(y, args, m0, count) -> y`` (jitted by the caller) takes steps
-    ``m0 .. m0 + count − 1``; it must not depend on how the steps are chunked, so that a
-    resumed run reproduces an uninterrupted one. ``label`` names the method in
-    checkpoints (key ``method``) and errors; ``dt`` and ``t0`` go into the checkpoint
-    metadata and the messages. Chunks, progress, NaN/Inf replay, checkpoints and resume
-    are :func:`run`'s (see there). ``start``: steps ``y0`` has taken already (a caller that
-    restored it from a checkpoint itself); the run continues from step ``start``.
-    ``check(y, m)``: called on the host after each chunk, before the NaN/Inf test and the
-    checkpoint, with the state after step ``m``; it raises (a
-    :class:`jaxsem.solvers.stops.RunStopped`) to stop the run, and the last checkpoint stays
-    the one before the chunk. SIGINT or SIGTERM during the loop ends it after the current
-    chunk and its checkpoint with :class:`RunInterrupted` (every process together).
-    """
-    num_steps = _check_steps(num_steps)
-    method, chunk_steps = label, options.chunk_steps
-    meta = dict(options.meta, dt=dt, t0=float(t0), method=method)
-
-    checkpoint_path, resume = options.checkpoint_path, options.resume
-    suffix = "" if comm is None else comm.file_suffix
-    if suffix:
-        checkpoint_path = None if checkpoint_path is None else f"{checkpoint_path}{suffix}"
-        resume = None if resume is None else f"{resume}{suffix}"
-
-    def finite(y):
-        ok = _all_finite(y)
-        if comm is not None:
-            ok = comm.allreduce(jnp.where(ok, 0, 1)) == 0
-        return bool(ok)
-
-    y, m, resumed = y0, int(start), (int(start) if start else None)
-    if resume is not None:
-        problem = meta_mismatch(resume, checkpoint_meta(resume, max_step=num_steps), meta)
-        # Every rank refuses together (a rank's own mesh part may be the only difference).
-        if comm is not None and int(comm.allreduce(jnp.asarray(int(problem is not None)))) and problem is None:
-            problem = f"resume: the checkpoint of another rank does not match this run (this rank's: {resume})"
-        if problem is not None:
-            raise ValueError(problem)
-        y, _, m, _ = load_checkpoint(resume, y0, max_step=num_steps)
-        resumed = m
-
-    if not finite(y):
-        raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
-    bar = None
-    if _show_progress(options.progress):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=num_steps, initial=m, desc=options.desc, file=sys.stderr, unit="step", leave=False)
-    start_step, chunks = m, 0
-    tic = time.perf_counter()
-    # a stop signal ends the run between chunks, after the checkpoint, never inside XLA
-    stop, restore_handlers = _catch_stop_signals()
-    try:
-        while m < num_steps:
-            count = min(chunk_steps, num_steps - m)
-            y_new = advance(y, args, jnp.asarray(m), jnp.asarray(count))
-            if check is not None:
-                check(y_new, m + count)
-            if not finite(y_new):
-                bad = m
-                for j in range(count):  # replay from the finite chunk start
-                    y = advance(y, args, jnp.asarray(m + j), jnp.asarray(1))
-                    if not finite(y):
-                        bad = m + j
-                        break
-                raise NonFiniteError(bad + 1, t0 + (bad + 1) * dt, method, dt)
-            y, m = y_new, m + count
-            chunks += 1
-            if checkpoint_path is not None:
-                save_checkpoint(checkpoint_path, y, t0 + m * dt, m, **meta)
-            if bar is not None:
-                if chunks == 1:  # the first chunk compiled the program: its time apart from the rate
-                    bar.set_postfix_str(f"first chunk {time.perf_counter() - tic:.1f} s incl. compile")
-                    bar.unpause()
-                bar.update(count)
-            sig = _agreed_signal(stop, comm)
-            if sig:
-                raise RunInterrupted(m, t0 + m * dt, sig, checkpoint_path)
-        jax.block_until_ready(y)
-    finally:
-        restore_handlers()
-        if bar is not None:
-            bar.close()
-    seconds = time.perf_counter() - tic
-    return y, RunInfo(m - start_step, m, t0 + m * dt, seconds, chunks, resumed)

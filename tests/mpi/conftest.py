@@ -18,6 +18,9 @@ jax.config.update("jax_enable_x64", True)
 import pytest  # noqa: E402
 
 from jaxsem.parallel.comm import get_comm  # noqa: E402
+from jaxsem.parallel.launch import bind_local_device  # noqa: E402
+
+bind_local_device()  # one GPU per rank where there are GPUs; before any test asks JAX for devices
 
 # What the launcher says, read here directly (not through jaxsem) so that a
 # broken detection in jaxsem.parallel.comm cannot hide itself.

@@ -10,6 +10,7 @@ and errors are global. All collectives happen before any assertion.
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsem.backends import EMULATED
 from jaxsem.parallel.comm import Comm, allreduce_max
 from jaxsem.discretization.dg import discretize_dg
 from jaxsem.mesh import box_mesh
@@ -22,14 +23,16 @@ def _rel(a, b, comm):
     return float(num / den)
 
 
-def _run(comm, mesh, flux, t_final, velocity, rho=None, partition=None, schedule="bulk"):
+def _run(comm, mesh, flux, t_final, velocity, rho=None, partition=None, backend="einsum"):
+    """Serial (einsum) and distributed (``backend``) runs of the same problem."""
     out = []
     for c in (Comm(), comm):
-        dg = discretize_dg(mesh, comm=c, partition=partition if c.size > 1 else None)
+        dg = discretize_dg(mesh, comm=c, partition=partition if c.size > 1 else None,
+                           backend=backend if c.size > 1 else "einsum")
         tr = ad.transport(dg, velocity)
         exact = lambda x, t: ad.gaussian(x, t, velocity)
         u0 = exact(dg.x, 0.0)
-        scheme = ad.Scheme(flux=flux, cfl=0.5, schedule=schedule)
+        scheme = ad.Scheme(flux=flux, cfl=0.5)
         u, info, dt = ad.simulate(dg, tr, u0, t_final, scheme=scheme, rho=rho)
         out.append(dict(dg=dg, el=np.asarray(dg.elements), u=u, steps=info.steps, dt=dt,
                         m0=float(ad.mass(dg, u0)), m=float(ad.mass(dg, u)),
@@ -77,15 +80,16 @@ def test_central_uneven_partition(comm):
     assert float(jnp.sum(d["dg"].boundary)) == 0.0
 
 
-def test_overlap_schedule(comm):
-    """schedule="overlap" (local part first, remote flux on the halo elements after the exchange)
-    equals serial; the halo is exactly the elements with a remote face point (with 2 ranks, the
-    middle layer of each half of the 6x2x2 box is not in it)."""
+def test_fused_path_local_part_then_halo(comm):
+    """The fused backends' structure (the local part with the neighbours held here, then the remote
+    neighbours' flux on the halo elements once the exchange is in; the emulated backend, so it runs
+    on a CPU) equals serial; the halo is exactly the elements with a remote face point (with 2
+    ranks, the middle layer of each half of the 6x2x2 box is not in it)."""
     mesh = box_mesh((6, 2, 2), 2, periodic=(True,) * 3, deform=0.05)
     from jaxsem.mesh.partition import partition_mesh
 
     part = partition_mesh(mesh, comm.size)
-    s, d = _run(comm, mesh, "upwind", 0.2, (0.5, 1.0, -0.75), rho=40.0, partition=part, schedule="overlap")
+    s, d = _run(comm, mesh, "upwind", 0.2, (0.5, 1.0, -0.75), rho=40.0, partition=part, backend=EMULATED)
     _check(comm, s, d, 4)
     from jaxsem.discretization.dg import face_connectivity
 

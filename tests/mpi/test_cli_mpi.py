@@ -21,7 +21,7 @@ def test_cli_solve_distributed(comm, capsys, backend, precond):
     out = capsys.readouterr().out
     sem = discretize(mesh, comm=Comm())
     ms = poisson.manufactured(5)
-    pre = poisson.pmg(sem, mesh) if precond == "pmg" else None
+    pre = poisson.pmg(sem) if precond == "pmg" else None
     u, info = jax.jit(lambda s, p: poisson.solve(s, ms.f, tol=1e-10, precond=p))(sem, pre)
     l2, _ = poisson.relative_errors(sem, u, ms.u)
     assert code == 0

@@ -115,7 +115,7 @@ def test_too_many_ranks_is_a_clear_error(comm):
 
 def test_host_staging_tuned(comm):
     """A distributed run raises glibc's mmap threshold for mpi4jax's host buffers (on by default)."""
-    import jaxsem.parallel.comm as C
+    import jaxsem.parallel.mpi as C
 
     assert C.HOST_STAGING_TUNED is (comm.size > 1)
 

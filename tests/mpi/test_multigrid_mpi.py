@@ -25,7 +25,7 @@ def test_pmg_solve_equals_serial(comm, bp):
     out = []
     for c in (Comm(), comm):
         sem = discretize(mesh, spec.quadrature, spec.dirichlet, comm=c)
-        out.append((sem, *solve(sem, poisson.pmg(sem, mesh, h1, h2))))
+        out.append((sem, *solve(sem, poisson.pmg(sem, h1, h2))))
     (serial, us, i_s), (dist, ud, i_d) = out
     el = np.asarray(dist.elements)
     err = float(allreduce_max(jnp.max(jnp.abs(ud - us[el])), comm) / jnp.max(jnp.abs(us)))

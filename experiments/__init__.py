@@ -1,0 +1,1 @@
+"""The drivers behind the tables and figures of docs/: ``python -m experiments.NAME --help``."""

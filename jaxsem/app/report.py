@@ -1,0 +1,152 @@
+"""The ``jaxsem`` command's text reports: one function per result kind, a record (dict) in,
+lines out."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_bench", "report_info"]
+
+def _fmt_device(r: dict) -> str:
+    return r["platform"] if r["device"] == r["platform"] else f"{r['platform']} ({r['device']})"
+
+
+def _fmt_where(r: dict) -> str:
+    """Where a solve ran, for the reports: device kind, devices used, transport, processes."""
+    return (f"{_fmt_device(r)}, {r['devices']} of {r['num_devices']} device(s), {r['transport']} transport, "
+            f"{r['ranks']} process(es), jax {r['jax_version']}")
+
+
+def _fmt_precond(r: dict) -> str:
+    if r["precond"] == "jacobi":
+        return "Jacobi preconditioner"
+    orders = " > ".join(map(str, r["pmg_orders"]))
+    prec = f", {r['pmg_dtype']} cycle" if r.get("pmg_dtype") and r["pmg_dtype"] != r.get("dtype") else ""
+    return f"p-multigrid preconditioner (orders {orders}{prec}, setup {r['setup_seconds']:.2f} s)"
+
+
+def _fmt_rate(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3e}"
+
+
+# ----------------------------------------------------------------------------- solve
+
+def report_solve(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    bc = "Dirichlet" if r["operator"] == "stiffness" else "Neumann"
+    quad = "GLL" if r["quadrature"] == "gll" else "Gauss"
+    field = "3-vector" if r["components"] == 3 else "scalar"
+    status = "converged" if r["converged"] else "NOT converged"
+    return "\n".join([
+        f"jaxsem {r['jaxsem_version']}: Poisson BP{r['bp']} ({field} {r['operator']}, {quad} quadrature, "
+        f"{bc}) on the unit box",
+        f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
+        f"  DOFs        {r['dofs']} (components x E x p^3)",
+        f"  PCG         {r['iterations']} iterations, {status} (tol {r['tol']:g}, "
+        f"relative residual {r['residual']:.2e}), {_fmt_precond(r)}",
+        f"  error       relative L2 {r['error_l2']:.3e}, max {r['error_max']:.3e}",
+        f"  time        {r['seconds']:.4f} s solve ({_fmt_rate(r['dofs_per_second'])} DOFs/s), "
+        f"{r['compile_seconds']:.2f} s compile, {r['backend']} element kernels",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_maxwell(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    case = "PEC cavity mode (1,1,1)" if r["bc"] == "pec" else "periodic plane wave k=2pi(1,1,0)"
+    lines = [
+        f"jaxsem {r['jaxsem_version']}: Maxwell SEDG, {case} in the unit box, {r['flux']} flux",
+        f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
+        f"  DOFs        {r['dofs']} per field component (E x p^3; 6 components)",
+    ]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  BLOW-UP     {r['message']}"])
+    return "\n".join(lines + [
+        f"  time        t_final {r['t_final']:g}: {r['steps']} {r['method']} steps, dt {r['dt']:.3e} "
+        f"(cfl {r['cfl']:g} of the stable limit {r['dt_limit']:.3e})",
+        f"  error       relative L2 {r['error_l2']:.3e} (E, H vs exact), energy ratio {r['energy_ratio']:.12f}",
+        f"  speed       {r['seconds']:.4f} s stepping ({_fmt_rate(r['gflops'])} GFLOPS, NekCEM model), "
+        f"{r['compile_seconds']:.2f} s setup+compile",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_advection(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    c = " ".join(f"{v:g}" for v in r["velocity"])
+    lines = [
+        f"jaxsem {r['jaxsem_version']}: advection DG, periodic Gaussian (width {r['width']:g}) in the unit box, "
+        f"velocity ({c}), {r['flux']} flux",
+        f"  mesh        order {r['order']}, {el} elements, deform {r['deform']}, {r['dtype']}",
+        f"  DOFs        {r['dofs']} (E x p^3)",
+    ]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  BLOW-UP     {r['message']}"])
+    return "\n".join(lines + [
+        f"  time        t_final {r['t_final']:g}: {r['steps']} {r['method']} steps, dt {r['dt']:.3e} "
+        f"(cfl {r['cfl']:g} of the stable limit {r['dt_limit']:.3e})",
+        f"  error       relative L2 {r['error_l2']:.3e} (vs the exact translated Gaussian), "
+        f"mass drift {r['mass_drift']:.1e}, energy ratio {r['energy_ratio']:.12f}",
+        f"  speed       {r['seconds']:.4f} s stepping, {r['compile_seconds']:.2f} s setup+compile",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_tgv(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [f"jaxsem {r['jaxsem_version']}: Taylor-Green vortex, Re {r['reynolds']:g}, periodic [-pi, pi]^3",
+             f"  mesh        order {r['order']}, {el} elements, {r['dofs']} points, BDF{r['time_order']}/EXT"
+             f"{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    ref = r.get("reference") or {}
+    fmt = lambda v: "-" if v is None else f"{v:.5g}"
+    lines += [
+        f"  t_final     {r['t_final']:g}: {r['steps']} steps in {r['seconds']:.2f} s including the first chunk's "
+        f"compilation ({1e3 * r['seconds_per_step']:.2f} ms per step), setup {r['setup_seconds']:.1f} s",
+        f"  E_k         {fmt(r['kinetic_energy'][-1])} at t_final; t = 5: {fmt(r['kinetic_energy_t5'])} "
+        f"(DNS {fmt(ref.get('kinetic_energy_t5'))}), t = 10: {fmt(r['kinetic_energy_t10'])} "
+        f"(DNS {fmt(ref.get('kinetic_energy_t10'))})",
+        f"  peak eps    {fmt(r['peak_dissipation'])} at t = {fmt(r['peak_dissipation_time'])} "
+        f"(DNS {fmt(ref.get('peak_dissipation'))} at t = {fmt(ref.get('peak_dissipation_time'))})",
+        f"  solves      pressure {fmt(r['pressure_iterations'][-1])}, velocity {fmt(r['velocity_iterations'][-1])} "
+        f"iterations (last step); max CFL {fmt(max(c for c in r['cfl'] if c is not None))}",
+        f"  device      {_fmt_where(r)}",
+    ]
+    return "\n".join(lines)
+
+
+def report_bench(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [
+        f"jaxsem {r['jaxsem_version']}: {r['problem'].upper()}, order {r['order']}, {el} elements, "
+        f"{r['dtype']}",
+        f"  DOFs        {r['dofs']} (components x E x p^3)",
+    ]
+    if r["problem"].startswith("bp"):
+        lines.append(f"  time        {r['seconds']:.4g} s per {r['iterations']}-iteration solve "
+                     f"(median of {r['repeats']}), compile {r['compile_seconds']:.2f} s")
+    else:
+        lines.append(f"  time        {r['seconds']:.4g} s per apply (median of {r['repeats']}), "
+                     f"compile {r['compile_seconds']:.2f} s")
+    lines.append(f"  rate        {_fmt_rate(r['dofs_per_second'])} DOFs/s, model "
+                 f"{r['bytes_per_dof']:.1f} B/DOF -> {r['bytes_per_second'] / 1e9:.1f} GB/s")
+    if "percent_of_ceiling" in r:
+        lines.append(f"  ceiling     {r['bandwidth'] / 1e9:.1f} GB/s -> "
+                     f"{_fmt_rate(r['ceiling_dofs_per_second'])} DOFs/s, "
+                     f"{r['percent_of_ceiling']:.1f}% of it")
+    if "tts_seconds" in r:
+        lines.append(f"  to {r['tts_tol']:g}     {r['tts_seconds']:.4g} s, {r['tts_iterations']} p-multigrid PCG "
+                     f"iterations (Jacobi: {r['tts_jacobi_iterations']}), setup {r['tts_setup_seconds']:.2f} s")
+    lines.append(f"  device      {_fmt_device(r)}, jax {r['jax_version']}")
+    return "\n".join(lines)
+
+
+def report_info(r: dict) -> str:
+    return "\n".join([
+        f"jaxsem {r['jaxsem_version']} (python {r['python_version']})",
+        f"  jax {r['jax_version']}, jaxlib {r['jaxlib_version']}, numpy {r['numpy_version']}, x64 {r['x64']}",
+        f"  devices     {r['num_devices']} x {_fmt_device(r)}: {', '.join(r['devices'])}",
+        f"  MPI         mpi4jax {'available' if r['mpi4jax_available'] else 'not installed'}, "
+        f"mpi4py {'available' if r['mpi4py_available'] else 'not installed'}",
+    ])

@@ -1,0 +1,36 @@
+"""Incompressible Navier–Stokes: the PN–PN splitting of Nek5000, NekRS and Neko.
+
+∂u/∂t + (u·∇)u = −∇p + ν∇²u, ∇·u = 0 (density 1), velocity and pressure both of
+order N on the GLL nodes. One step from tⁿ to tⁿ⁺¹ (BDFk/EXTk, k = 1, 2, 3, fixed Δt;
+Karniadakis, Israeli & Orszag 1991, in the form of Tomboulides, Lee & Orszag 1997):
+
+1. N(uⁿ) = −(uⁿ·∇)uⁿ, weak, on a Gauss rule of q = ⌈3(N+1)/2⌉ points per axis (the
+   3/2 rule, no aliasing of the quadratic term), made nodal with the assembled
+   inverse mass; extrapolated: F = Σᵢ aᵢ N(uⁿ⁺¹⁻ⁱ).
+2. R = Σᵢ βᵢ uⁿ⁺¹⁻ⁱ/Δt + F − ν ∇×ω̃, ω̃ = ∇×(Σᵢ aᵢ uⁿ⁺¹⁻ⁱ) (the rotational form of
+   the viscous term, ν∇²u = −ν∇×∇×u for ∇·u = 0: the pressure's Neumann condition
+   follows the extrapolated vorticity, no spurious boundary layer).
+3. Pressure Poisson, weak, with its Neumann data built in:
+   (∇q, ∇p) = (∇q, R) − (β₀/Δt) ∮ q u_b·n, the boundary integral taken as
+   (∇q, L) + (q, ∇·L) of the lift L of the velocity data; pure Neumann (the solution
+   orthogonal to the constants), p-multigrid PCG from the previous pressure
+   (:mod:`jaxsem.elliptic`, as every solve here).
+4. Velocity Helmholtz, three components in one Jacobi-PCG:
+   (β₀/Δt) B u + ν A u = B(Σᵢ βᵢ uⁿ⁺¹⁻ⁱ/Δt + F − ∇p), Dirichlet data lifted.
+
+The first steps ramp the order up (1, 2, …, k), as Nek does. Periodic axes come
+from the mesh; every other boundary face carries the velocity data ``boundary``
+(no-slip when None). :func:`step` and :func:`simulate` are pure and differentiable
+(the solves by implicit differentiation); :func:`run` is the host driver (chunks,
+progress bar, NaN check naming the step, checkpoints that carry the BDF history, a
+time series of diagnostics). Sharded over devices or under MPI the same code runs
+per rank inside :meth:`SEM.local_map`.
+"""
+
+from . import runs, scheme
+from .runs import Series, run
+from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
+                     initial_state, setup, simulate, step, vorticity)
+
+__all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
+           "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "run", "bdf_ext"]

@@ -1,0 +1,446 @@
+"""The Navier–Stokes scheme: options, the discretized problem, one BDF/EXT step, diagnostics
+(:mod:`jaxsem.models.navier_stokes` describes the scheme)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...core import basis
+from ...core import geometry as geo
+from ...discretization.sem import SEM, discretize
+from ...discretization.shard import replicated
+from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
+from ...mesh.box import Mesh
+from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
+from ...solvers import multigrid
+from ...solvers.pcg import PCGInfo, min_tol
+
+__all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
+           "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
+
+def bdf_ext(k: int):
+    """``(β, a)`` of BDFk/EXTk for a fixed step: β = (β₀, β₁, …, β_k) with
+    (β₀uⁿ⁺¹ − Σᵢ βᵢuⁿ⁺¹⁻ⁱ)/Δt ≈ ∂u/∂t, and a = (a₁, …, a_k) with Σᵢ aᵢ fⁿ⁺¹⁻ⁱ ≈ fⁿ⁺¹."""
+    table = {1: ((1.0, 1.0), (1.0,)),
+             2: ((1.5, 2.0, -0.5), (2.0, -1.0)),
+             3: ((11 / 6, 3.0, -1.5, 1 / 3), (3.0, -3.0, 1.0))}
+    if k not in table:
+        raise ValueError(f"time order must be 1, 2 or 3, got {k!r}")
+    return table[k]
+
+
+def _coefficient_tables(k: int, dtype):
+    """``(k, k+1)`` β rows and ``(k, k)`` a rows for orders 1..k, zero-padded (the ramp-up)."""
+    B = np.zeros((k, k + 1))
+    A = np.zeros((k, k))
+    for j in range(1, k + 1):
+        b, a = bdf_ext(j)
+        B[j - 1, : j + 1] = b
+        A[j - 1, :j] = a
+    return jnp.asarray(B, dtype), jnp.asarray(A, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class NSOptions:
+    """How the Navier–Stokes steps are taken (static, hashable).
+
+    Attributes:
+      time_order: k of BDFk/EXTk (1, 2 or 3).
+      pressure_tol, velocity_tol: relative residual tolerances of the pressure and
+        velocity solves (relative to the right-hand side's norm).
+      pressure_maxiter, velocity_maxiter: iteration caps.
+      dealias: evaluate the convective term on the 3/2 Gauss rule (else on the GLL nodes).
+      pmg: :class:`jaxsem.solvers.multigrid.PMGOptions` of the pressure preconditioner.
+      max_cfl: the largest CFL number (:class:`Diagnostics`) :func:`run` accepts: a start
+        above it is refused, and a run whose CFL passes it stops. The explicit convection of
+        EXTk is stable to a CFL number below 1 with this measure, further only where the
+        (implicit) viscous term damps the growing modes; a CFL number of several means a run
+        growing without bound. A start above 1 warns (:class:`StabilityWarning`).
+    """
+
+    time_order: int = 3
+    pressure_tol: float = 1e-8
+    velocity_tol: float = 1e-10
+    pressure_maxiter: int = 300
+    velocity_maxiter: int = 1000
+    dealias: bool = True
+    pmg: multigrid.PMGOptions = multigrid.PMGOptions()
+    max_cfl: float = 4.0
+
+    def __post_init__(self):
+        if isinstance(self.time_order, bool) or self.time_order not in (1, 2, 3):
+            raise ValueError(f"NSOptions.time_order must be 1, 2 or 3, got {self.time_order!r}")
+        for name in ("pressure_tol", "velocity_tol"):
+            v = getattr(self, name)
+            lo = min_tol(jnp.float64)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v < 1):
+                raise ValueError(f"NSOptions.{name} must be a number in [{lo:.3g}, 1), got {v!r}")
+        for name in ("pressure_maxiter", "velocity_maxiter"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"NSOptions.{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.dealias, bool):
+            raise TypeError(f"NSOptions.dealias must be True or False, got {self.dealias!r}")
+        if not isinstance(self.pmg, multigrid.PMGOptions):
+            raise TypeError(f"NSOptions.pmg must be a PMGOptions, got {type(self.pmg).__name__}")
+        v = self.max_cfl
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"NSOptions.max_cfl must be a positive finite number, got {v!r}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NavierStokes:
+    """A discretized incompressible flow problem (pytree; built by :func:`setup`).
+
+    Attributes (E elements, n = N + 1 GLL points, q dealiasing points per axis):
+      sem: velocity discretization (mask 0 on the Dirichlet nodes of non-periodic faces).
+      pressure: the pressure's :class:`jaxsem.elliptic.Helmholtz` (−∇², pure Neumann on the
+        velocity's nodes, p-multigrid preconditioned); its ``sem`` is :attr:`psem`.
+      nu: ``()`` kinematic viscosity (a leaf: ``jax.grad`` reaches it).
+      dt: ``()`` time step Δt (a leaf: a run with another Δt reuses the compiled programs;
+        the host drivers read it with ``float``).
+      binv: ``(E, n, n, n)`` inverse assembled GLL mass (0 on pads).
+      Jd: ``(q, n)`` GLL → Gauss interpolation of the dealiasing rule (``(n, n)`` identity
+        without dealiasing).
+      Brx: ``(3, 3, E, q, q, q)`` B·∂r_a/∂x_d on the dealiasing rule.
+      options: static :class:`NSOptions`; boundary: static
+        ``u_b(x, y, z, t) -> (3, ...)`` or None (no-slip); walls: static, the velocity
+        has Dirichlet nodes; volume: static |Ω|.
+    """
+
+    sem: SEM
+    pressure: Helmholtz
+    nu: jax.Array
+    dt: jax.Array
+    binv: jax.Array = dataclasses.field(metadata=dict(pad=0))
+    Jd: jax.Array
+    Brx: jax.Array = dataclasses.field(metadata=dict(pad=0))
+    options: NSOptions = dataclasses.field(metadata=dict(static=True))
+    boundary: Callable | None = dataclasses.field(metadata=dict(static=True))
+    walls: bool = dataclasses.field(metadata=dict(static=True))
+    volume: float = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def psem(self) -> SEM:
+        """The pressure's discretization: the velocity's nodes, all free (pure Neumann)."""
+        return self.pressure.sem
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class State:
+    """The solution and its BDF/EXT history (pytree).
+
+    ``U: (k, 3, E, n, n, n)`` velocities uⁿ, uⁿ⁻¹, … (newest first); ``F: (k, 3, E, n, n, n)``
+    the convective terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels; ``P: (k, E, n, n, n)`` the
+    pressures pⁿ, pⁿ⁻¹, … (zero mean; extrapolated, they start the next pressure solve);
+    ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()`` int32 past levels held (the
+    next step runs at order min(past + 1, k)).
+    """
+
+    U: jax.Array
+    F: jax.Array
+    P: jax.Array
+    step: jax.Array
+    t: jax.Array
+    past: jax.Array
+
+    @property
+    def u(self):
+        """``(3, E, n, n, n)`` the current velocity."""
+        return self.U[0]
+
+    @property
+    def p(self):
+        """``(E, n, n, n)`` the current pressure (zero mean; 0 before the first step)."""
+        return self.P[0]
+
+
+class StabilityWarning(UserWarning):
+    """A run starts with a CFL number above 1: stable only where viscosity damps the convection."""
+
+
+class StepInfo(NamedTuple):
+    """The solves of one step: pressure and velocity :class:`PCGInfo`."""
+
+    pressure: PCGInfo
+    velocity: PCGInfo
+
+
+class Diagnostics(NamedTuple):
+    """Volume averages of the current state (scalars): ``kinetic_energy`` ⟨½|u|²⟩,
+    ``enstrophy`` ⟨½|ω|²⟩, ``divergence`` ‖∇·u‖/‖∇u‖ (L2, element-local derivatives),
+    ``cfl`` Δt·max Σ_a |u·∇r_a|/Δr_a (the local GLL spacing Δr; not differentiated w.r.t. u)."""
+
+    kinetic_energy: jax.Array
+    enstrophy: jax.Array
+    divergence: jax.Array
+    cfl: jax.Array
+
+
+def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
+          options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
+          partition=None) -> NavierStokes:
+    """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
+
+    Args:
+      mesh: a :class:`jaxsem.mesh.Mesh` (periodic axes from the mesh; every other boundary
+        face is a velocity Dirichlet boundary).
+      nu: kinematic viscosity ν > 0 (1/Re in convective units).
+      dt: time step Δt > 0.
+      boundary: Dirichlet velocity data ``u_b(x, y, z, t) -> (3, ...)`` written with jnp,
+        or None (no-slip walls); unused on a fully periodic mesh. It is static: problems
+        built with the same function object (not a new closure each time) share compiled
+        programs.
+      options: :class:`NSOptions`.
+      backend, devices, comm, partition: as :func:`jaxsem.discretize`.
+    Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt`` or ``boundary``.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
+    for name, v in (("nu", nu), ("dt", dt)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+                or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    if boundary is not None and not callable(boundary):
+        raise TypeError(f"boundary must be None or a callable u_b(x, y, z, t) -> (3, ...), got {boundary!r}")
+    if not isinstance(options, NSOptions):
+        raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
+    sem = discretize(mesh, dirichlet=True, backend=backend, devices=devices, comm=comm, partition=partition)
+    walls = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
+    pressure = helmholtz(pure_neumann(sem) if walls else sem, 1.0, 0.0, precond="pmg", options=options.pmg,
+                         nullspace=True)
+    if boundary is not None and walls:
+        probe = jax.eval_shape(boundary, sem.x[0], sem.x[1], sem.x[2], 0.0)
+        if probe.shape != (3,) + sem.x.shape[1:]:
+            raise ValueError(f"boundary must return (3, ...) shaped like its coordinates, got {probe.shape} "
+                             f"for coordinates {sem.x.shape[1:]}")
+    n = sem.n
+    if options.dealias:
+        q = math.ceil(3 * n / 2)
+        rule = geo.quadrature(sem.order, "gauss", q=q)
+        Jd, Dd, wd = (jnp.asarray(a, sem.x.dtype) for a in (rule.J, rule.Dt, rule.w))
+    else:
+        Jd = jnp.eye(n, dtype=sem.x.dtype)
+        Dd = sem.D
+        wd = jnp.asarray(basis.gll_points(sem.order)[1], sem.x.dtype)
+    binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
+    volume = float(sem.integrate(jnp.ones_like(sem.mask)))
+    return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
+                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, options=options,
+                        boundary=boundary if walls else None, walls=walls, volume=volume)
+
+
+def _fields(s: SEM, Jd, Dd, wd):
+    d = s.dssum(s.bmass)
+    binv = s.valid / jnp.where(d > 0, d, 1.0)
+    g = geo.factors(s.x, Jd, Dd, wd, False)
+    return binv, g.B * g.rx * s.valid
+
+
+# --- spatial terms (rank-local: called inside SEM.local_map) ------------------------------
+
+def _grad(s: SEM, u):
+    """``g[i, j] = ∂u_j/∂x_i`` element by element: ``u: (c, E, n, n, n) -> (3, c, E, n, n, n)``."""
+    ur, us, ut = grad_gll(u, s.D)
+    rx = s.geom.rx
+    return jnp.stack([rx[0, i] * ur + rx[1, i] * us + rx[2, i] * ut for i in range(3)])
+
+
+def _curl_local(s: SEM, u):
+    g = _grad(s, u)
+    return jnp.stack([g[1, 2] - g[2, 1], g[2, 0] - g[0, 2], g[0, 1] - g[1, 0]])
+
+
+def _average(ns: NavierStokes, s: SEM, w):
+    """The mass-weighted average of an element-local field over shared nodes: continuous."""
+    return ns.binv * s.dssum(s.bmass * w)
+
+
+def _curl(ns, s, u):
+    """∇×u at the nodes, mass-averaged: ``(3, E, n, n, n)``."""
+    return _average(ns, s, _curl_local(s, u))
+
+
+def _convection(ns: NavierStokes, s: SEM, u):
+    """N(u) = −(u·∇)u nodal (weak on the dealiasing rule, assembled, times B⁻¹): ``(3, E, n, n, n)``."""
+    J = ns.Jd
+    ur, us, ut = grad_gll(u, s.D)
+    uq = interp(u, J)
+    c = [ns.Brx[a, 0] * uq[0] + ns.Brx[a, 1] * uq[1] + ns.Brx[a, 2] * uq[2] for a in range(3)]
+    w = c[0] * interp(ur, J) + c[1] * interp(us, J) + c[2] * interp(ut, J)
+    return -ns.binv * s.dssum(interp_t(w, J))
+
+
+def _weak_grad_t(s: SEM, R):
+    """(∇φ, R) element by element: ``R: (3, E, n, n, n) -> (E, n, n, n)``."""
+    rx, B = s.geom.rx, s.bmass
+    w = [B * (rx[a, 0] * R[0] + rx[a, 1] * R[1] + rx[a, 2] * R[2]) for a in range(3)]
+    return grad_gll_t(w[0], w[1], w[2], s.D)
+
+
+def _lift(ns: NavierStokes, s: SEM, t):
+    """The velocity data at time t on the Dirichlet nodes, 0 elsewhere: ``(3, E, n, n, n)``."""
+    if ns.boundary is None:
+        return jnp.zeros((3,) + s.mask.shape, s.x.dtype)
+    ub = jnp.asarray(ns.boundary(s.x[0], s.x[1], s.x[2], t), s.x.dtype)
+    return (1.0 - s.mask) * s.valid * ub
+
+
+def _pressure_solve(ns: NavierStokes, bp, p0):
+    """(∇q, ∇p) = bp on the pure-Neumann pressure space, p-multigrid PCG from ``p0``, the
+    solution orthogonal to the constants; ``(p with zero mean, PCGInfo)``. Rank-local."""
+    o = ns.options
+    p, info = solve_local(ns.pressure, bp, x0=p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter)
+    return p - ns.psem.integrate(p) / ns.volume, info
+
+
+def _velocity(ns: NavierStokes, h2) -> Helmholtz:
+    """(h₂B + νA) on the velocity space, Jacobi-preconditioned (no set-up: built each step)."""
+    return Helmholtz.of(ns.sem, ns.nu, h2)
+
+
+def _step_local(ns: NavierStokes, st: State):
+    s, ps, o = ns.sem, ns.psem, ns.options
+    k, dt = o.time_order, ns.dt
+    dtype = s.x.dtype
+    Btab, Atab = _coefficient_tables(k, dtype)
+    j = jnp.minimum(st.past, k - 1)  # ramp-up: order min(past + 1, k)
+    beta, a = Btab[j], Atab[j]
+    t1 = st.t + dt
+
+    F = jnp.concatenate([_convection(ns, s, st.U[0])[None], st.F[:-1]])
+    Fx = jnp.tensordot(a, F, 1)
+    Ub = jnp.tensordot(beta[1:], st.U, 1) / dt
+    ux = jnp.tensordot(a, st.U, 1)
+    R = Ub + Fx - ns.nu * _curl(ns, s, _curl(ns, s, ux))
+
+    # pressure: (∇q, ∇p) = (∇q, R) − β₀/Δt ∮ q u_b·n
+    bp = _weak_grad_t(s, R)
+    L = None
+    if ns.walls:
+        L = _lift(ns, s, t1)
+        g = _grad(s, L)
+        bp = bp - beta[0] / dt * (_weak_grad_t(s, L) + s.bmass * (g[0, 0] + g[1, 1] + g[2, 2]))
+    # the pressure history is one level shorter than the velocity's (no p⁰): EXT of order min(step, k)
+    pa = Atab[jnp.clip(jnp.minimum(st.step, st.past) - 1, 0, k - 1)]
+    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1))
+
+    # velocity: (β₀/Δt) B u + ν A u = B(Ub + Fx − ∇p), u = u₀ + L
+    h2 = beta[0] / dt
+    V = _velocity(ns, h2)
+    gp = _grad(s, p[None])[:, 0]
+    bv = s.mask * s.dssum(s.bmass * (Ub + Fx - gp))
+    x0 = s.mask * ux
+    if L is not None:
+        bv = bv - V.apply(L)
+    u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
+    u = u0 if L is None else u0 + L
+    U = jnp.concatenate([u[None], st.U[:-1]])
+    P = jnp.concatenate([p[None], st.P[:-1]])
+    return State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo)
+
+
+def step(ns: NavierStokes, state: State):
+    """One time step: ``(State, StepInfo)``. Pure; differentiable w.r.t. ``ns.nu`` and the state."""
+    return ns.sem.local_map(lambda _, ns, st: _step_local(ns, st), ns, state)
+
+
+def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = False):
+    """``num_steps`` steps as one ``lax.scan`` (pure, differentiable; for ``jax.grad`` through
+    short runs). Returns the final state; with ``info=True`` ``(state, StepInfo)``, the
+    :class:`StepInfo` of every step stacked (``converged: (num_steps,)`` and so on), so that a
+    loss can see whether its solves converged (return it as ``has_aux``). An adjoint solve that
+    misses its tolerance warns (:class:`jaxsem.solvers.pcg.AdjointNotConvergedWarning`)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+
+    def body(st, _):
+        st, i = step(ns, st)
+        return st, (i if info else None)
+
+    st, infos = jax.lax.scan(body, state, None, length=int(num_steps))
+    return (st, infos) if info else st
+
+
+def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None) -> State:
+    """The state at ``t0`` from ``velocity``: a callable ``(x, y, z) -> (3, ...)`` (jnp) or a
+    ``(3, E, n, n, n)`` array of nodal values; on Dirichlet nodes the boundary data at ``t0``
+    replaces it.
+
+    ``past``: None (the first steps ramp the order up, 1, 2, …, k, as Nek does: the
+    first-order start limits the global error to O(Δt²) for k = 3), or ``u(x, y, z, t)``
+    giving the velocity at ``t0 − Δt``, ``t0 − 2Δt``, … (an exact solution), so that every
+    step runs at order k.
+    """
+    s = ns.sem
+    u = velocity(s.x[0], s.x[1], s.x[2]) if callable(velocity) else velocity
+    levels = [_nodal(ns, u, t0, "velocity")]
+    k = ns.options.time_order
+    if past is not None:
+        if not callable(past):
+            raise TypeError(f"past must be None or a callable u(x, y, z, t) -> (3, ...), got {past!r}")
+        levels += [_nodal(ns, past(s.x[0], s.x[1], s.x[2], t0 - i * ns.dt), t0 - i * ns.dt, "past")
+                   for i in range(1, k)]
+    U = jnp.stack(levels + [levels[-1]] * (k - len(levels)))
+    F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _convection(ns_, s_, v), ns, U[i]) for i in range(1, k)]
+                  + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
+    step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
+    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_)
+
+
+def _nodal(ns: NavierStokes, u, t, name):
+    """Velocity values ``(3, E, n, n, n)`` checked, with the boundary data at ``t`` on Dirichlet nodes."""
+    s = ns.sem
+    u = jnp.asarray(u, s.x.dtype)
+    if u.shape != (3,) + s.mask.shape:
+        raise ValueError(f"{name} must give shape {(3,) + s.mask.shape}, got {u.shape}")
+    if not isinstance(u, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(u))):
+        raise ValueError(f"{name} has NaN/Inf values")
+    if not ns.walls:
+        return s.valid * u
+    t = jnp.asarray(t, s.x.dtype)
+    return s.valid * (s.mask * u + s.local_map(lambda s_, t_: _lift(ns, s_, t_), t))
+
+
+def _diagnostics_local(ns: NavierStokes, st: State):
+    s = ns.sem
+    u = st.U[0]
+    w = _curl(ns, s, u)
+    g = _grad(s, u)
+    div = g[0, 0] + g[1, 1] + g[2, 2]
+    ek = 0.5 * s.integrate(jnp.sum(u * u, 0)) / ns.volume
+    z = 0.5 * s.integrate(jnp.sum(w * w, 0)) / ns.volume
+    dn = jnp.sqrt(s.integrate(div * div) / jnp.maximum(s.integrate(jnp.sum(g * g, (0, 1))), 1e-300))
+    # local GLL spacing along each reference axis (the smaller neighbour gap)
+    r = jnp.asarray(basis.gll_points(s.order)[0], s.x.dtype)
+    gap = jnp.diff(r)
+    dr = jnp.minimum(jnp.concatenate([gap[:1], gap]), jnp.concatenate([gap, gap[-1:]]))
+    rx = s.geom.rx
+    c = 0.0
+    for a, shape in zip(range(3), ((1, 1, -1), (1, -1, 1), (-1, 1, 1))):
+        c = c + jnp.abs(rx[a, 0] * u[0] + rx[a, 1] * u[1] + rx[a, 2] * u[2]) / dr.reshape(shape)
+    # not differentiated (a max over ranks has no derivative rule): jax.grad of another field passes
+    cfl = s.comm.allreduce(jax.lax.stop_gradient(jnp.max(s.valid * c)), "max") * ns.dt
+    return Diagnostics(ek, z, dn, cfl)
+
+
+def vorticity(ns: NavierStokes, state: State):
+    """ω = ∇×u of ``state`` at the nodes (mass-averaged over shared nodes): ``(3, E, n, n, n)``."""
+    return ns.sem.local_map(lambda s_, ns_, u: _curl(ns_, s_, u), ns, state.u)
+
+
+def _kinetic_energy(ns: NavierStokes, st: State):
+    return ns.sem.local_map(lambda s, ns_, u: 0.5 * s.integrate(jnp.sum(u * u, 0)) / ns_.volume, ns, st.u)
+
+
+def diagnostics(ns: NavierStokes, state: State) -> Diagnostics:
+    """:class:`Diagnostics` of ``state`` (global: summed over every rank and device)."""
+    return ns.sem.local_map(lambda _, ns, st: _diagnostics_local(ns, st), ns, state)
