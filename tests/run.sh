@@ -155,15 +155,13 @@ WORKERS="${PYTEST_WORKERS:-auto}"
 # --durations: the slowest tests in every log, to keep the suite's time in view.
 run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --durations=25 "$@"
 # Four ranks add what two cannot show: several neighbours per rank, nodes shared by 3-4 ranks,
-# multi-round exchanges and uneven partitions (gather-scatter, PCG, the gradient through the
-# exchange, Maxwell, advection, NaN detection and checkpoints on every rank, test_comm_mpi.py's
-# closed forms in the world size). The whole-solver equalities built on those exchanges
-# (Navier-Stokes, p-multigrid, the time-stepping gradient, the fused DG path, which
-# tests/test_shard.py also checks on four devices) and the CLI (test_cli_mpi.py: the
-# library's distributed solve, already run at four ranks here, plus rank 0 reporting alone) run
-# at two ranks only: at four (oversubscribed: every rank compiles its programs and the serial
-# reference) they took 4.5 of the stage's 6 minutes and test no exchange the rest does not.
-FOUR_RANKS="not navier_stokes and not pmg and not eps_gradient and not fused_path and not cli"
+# multi-round exchanges and uneven partitions of the MPI transport (the gather-scatter, PCG and
+# the gradient through the exchange: test_distributed.py) and test_comm_mpi.py's closed forms in
+# the world size. The models' distributed equalities run at two ranks: their exchanges are the
+# same gather-scatter for every transport, and tests/test_shard.py runs them over four devices
+# with uneven partitions (DG, p-multigrid, the fused DG path; Navier-Stokes over three:
+# tests/test_navier_stokes.py).
+FOUR_RANKS="test_comm_mpi or test_distributed"
 run_stage "MPI tests, mpirun -n 2" mpi_pytest 2
 run_stage "MPI tests, mpirun -n 4" mpi_pytest 4 -k "$FOUR_RANKS"
 
