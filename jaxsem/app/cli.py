@@ -265,6 +265,9 @@ def _compilation_cache(jax) -> None:
         print(f"jaxsem: note: no persistent compilation cache ({e})", file=sys.stderr)
         return
     jax.config.update("jax_compilation_cache_dir", str(folder))
+    # set-up compiles many small programs (geometry and a Lanczos run per p-multigrid level), each
+    # under JAX's default 1 s threshold for caching: keep them too, so a second run loads them all
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
 
 
 def main(argv=None) -> int:
