@@ -124,3 +124,15 @@ def test_bad_arguments_are_named():
         hierarchy.levels(sem, (3, 3))
     with pytest.raises(ValueError, match="source"):
         hierarchy.coarsen(dataclasses.replace(sem, source=None), 2)
+
+
+def test_source_compares_by_topology_not_coordinates():
+    """Discretizations of one topology share compiled programs (equal static sources); another
+    topology (a periodic axis) is never mistaken for it, so coarsening a program's output uses
+    its own mesh."""
+    a = js.discretize(js.box_mesh((3, 3, 3), 2)).source
+    b = js.discretize(js.box_mesh((3, 3, 3), 2, deform=0.1)).source
+    c = js.discretize(js.box_mesh((3, 3, 3), 2, periodic=(True, False, False))).source
+    d = js.discretize(js.box_mesh((3, 3, 3), 3)).source
+    assert a == b and hash(a) == hash(b)
+    assert a != c and a != d

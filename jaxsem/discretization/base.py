@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,23 +64,31 @@ class Source:
     """Where a discretization came from: its mesh and the partition it was split by (host data).
 
     Kept static on :class:`jaxsem.discretization.SEM` so that another discretization of the
-    same elements (a coarser order for p-multigrid, :func:`jaxsem.discretization.coarsen`)
-    needs neither the mesh nor the partition again. Opaque to JAX's caches: every ``Source``
-    compares equal and hashes alike, so discretizations of equal shapes share compiled
-    programs (nothing traced reads it).
+    same elements (a coarser order for p-multigrid, :func:`jaxsem.discretization.hierarchy.coarsen`)
+    needs neither the mesh nor the partition again. Two sources compare equal when their
+    topologies (order, element-to-vertex table, periodic face pairs) and partitions are the
+    same, whatever the coordinates: discretizations of one topology share compiled programs
+    (nothing traced reads the source), and a program's output never carries another topology's.
     """
 
-    __slots__ = ("mesh", "partition")
+    __slots__ = ("mesh", "partition", "key")
 
     def __init__(self, mesh, partition=None):
         self.mesh = mesh
         self.partition = None if partition is None else np.asarray(partition)
+        h = hashlib.sha1(np.int64(mesh.order).tobytes())
+        for a in (mesh.cells, mesh.periodic_faces, self.partition):
+            if a is not None:
+                a = np.ascontiguousarray(a, dtype=np.int64)
+                h.update(str(a.shape).encode())
+                h.update(a.tobytes())
+        self.key = h.hexdigest()
 
     def __eq__(self, other):
-        return isinstance(other, Source)
+        return isinstance(other, Source) and other.key == self.key
 
     def __hash__(self):
-        return hash(Source)
+        return hash(self.key)
 
     def __repr__(self):
         return f"Source(mesh of {self.mesh.num_elements} elements, order {self.mesh.order})"
