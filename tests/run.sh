@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install jaxsem into ./.venv and run the whole test suite:
-#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto --durations=25  [extra args]
+#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto --dist worksteal  [extra args]
 #   2. MPI tests         mpirun -n 2 python -m pytest tests/mpi; -n 4 on the multi-neighbour subset
-#   3. notebooks         python -m pytest -n auto --nbmake notebooks/   (if any exist)
+#   3. notebooks         python -m pytest -n auto --dist worksteal --nbmake notebooks/   (if any exist)
 #
 # Usage (from anywhere):   bash tests/run.sh [extra pytest args for the serial stage]
 # Needs only Python >= 3.11 (with venv) and a C compiler; MPI (MPICH), mpi4py and
@@ -112,7 +112,7 @@ trap 'rm -rf "$MPI_LOGS"' EXIT
 # compiled program with its options and the jax/jaxlib version, so a hit loads the executable the
 # compiler would have made). Each MPI rank compiles every test's serial reference, and the -n 4
 # stage compiles again what the -n 2 stage did; xdist workers and check subprocesses repeat
-# programs too. Programs that compile in under 0.25 s are not stored. JAXSEM_TEST_XLA_CACHE=0:
+# programs too. Programs that compile in under 0.05 s are not stored. JAXSEM_TEST_XLA_CACHE=0:
 # no cache; an already set JAX_COMPILATION_CACHE_DIR is used as it is.
 # The tests' programs are small and most of the suite's time is XLA compiling them for the CPU:
 # LLVM without its expensive passes and at -O0 compiles them faster (the values are the same up
@@ -124,7 +124,7 @@ fi
 
 if [[ "${JAXSEM_TEST_XLA_CACHE:-1}" != 0 && -z "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
     export JAX_COMPILATION_CACHE_DIR="$MPI_LOGS/xla-cache"
-    export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0.25}"
+    export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0.05}"
 fi
 
 mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
@@ -153,7 +153,7 @@ mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
 # most of their time is single-threaded XLA compilation.
 WORKERS="${PYTEST_WORKERS:-auto}"
 # --durations: the slowest tests in every log, to keep the suite's time in view.
-run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --durations=25 "$@"
+run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --dist worksteal --durations=25 "$@"
 # Four ranks add what two cannot show: several neighbours per rank, nodes shared by 3-4 ranks,
 # multi-round exchanges and uneven partitions of the MPI transport (the gather-scatter, PCG and
 # the gradient through the exchange: test_distributed.py) and test_comm_mpi.py's closed forms in
@@ -169,7 +169,7 @@ shopt -s nullglob
 notebooks=(notebooks/*.ipynb)
 shopt -u nullglob
 if ((${#notebooks[@]})); then
-    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --nbmake notebooks/
+    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist worksteal --nbmake notebooks/
 else
     header "notebooks"
     echo "no notebooks/*.ipynb: skipped"
