@@ -1,13 +1,6 @@
 """Hand-written CUDA kernels for BK1–BK6, called through the XLA FFI.
 
-``csrc/sem_kernels.cu`` holds the classic GPU layout of the spectral-element
-operators (one element per N×N — or, on Gauss points, Q×Q — thread layer, the
-k-column in registers) in a few variants (:data:`VARIANTS`); which one runs, and
-whether it prefetches its block's data into L2, is read from one tuning table
-(:data:`TUNING`, :func:`defaults`) per operator, order, vector form and dtype. The
-table's provenance — which variant won where, and the measurement — is
-``docs/kernels.md``. Nothing is padded to powers of two, so every order
-p = 1…15 runs at its true size.
+Sources, variants, tuning table, build and loading: :mod:`jaxsem.backends._cuda_build`.
 
 Same contracts as the einsum references:
 

@@ -95,8 +95,7 @@ def levels(sem: SEM, orders=None, dtype=None) -> tuple:
     refused (``ValueError``). ``dtype``: the levels' floating-point type (default ``sem``'s);
     another than ``sem``'s rebuilds the finest level in it too.
     """
-    src = _source(sem)
-    del src
+    _source(sem)  # a SEM without a source is refused before any work
     dtype = sem.x.dtype if dtype is None else jnp.dtype(dtype)
     schedule = _orders(sem.order, orders)
     x = _fine_coordinates(sem)
