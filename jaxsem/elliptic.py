@@ -167,6 +167,10 @@ class Helmholtz:
     def h2(self):
         return self.scalars[1] if self.fields[1] is None else self.fields[1]
 
+    def apply_elements(self, u):
+        """``(h₁A_e + h₂B_e) u`` element by element, no assembly and no mask (rank-local)."""
+        return _element_apply(self.sem, u, self.h1, self.h2)
+
     def apply(self, u):
         """``A u`` on E-vectors (rank-local)."""
         return self.sem.mask * self.sem.dssum(_element_apply(self.sem, u, self.h1, self.h2))
@@ -179,12 +183,7 @@ class Helmholtz:
 def pure_neumann(sem: SEM) -> SEM:
     """``sem`` without Dirichlet nodes (the same nodes all free): the space of a pure-Neumann
     problem such as the Navier–Stokes pressure. Assembled storage keeps every node."""
-    a = sem.assembled
-    if a is not None:
-        idx = jnp.where(sem.valid > 0, sem.gs.gid.reshape(sem.mask.shape), a.size).astype(jnp.int32)
-        a = dataclasses.replace(a, idx=idx)
-    return dataclasses.replace(sem, mask=jnp.broadcast_to(sem.valid, sem.mask.shape) * jnp.ones_like(sem.mask),
-                               assembled=a)
+    return sem.with_mask(jnp.ones_like(sem.mask), False)
 
 
 def pmg(sem: SEM, h1=1.0, h2=0.0, options: multigrid.PMGOptions = multigrid.PMGOptions()) -> multigrid.PMG:

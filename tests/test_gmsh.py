@@ -10,11 +10,11 @@ import meshio
 import numpy as np
 import pytest
 
-import jaxsem  # noqa: F401  (enables x64)
+import jaxsem
 from jaxsem import basis
 from jaxsem.core.geometry import geometric_factors, quadrature
 from jaxsem.mesh.gmsh import read_gmsh
-from jaxsem.mesh import box_mesh, element_nodes
+from jaxsem.mesh import box_mesh, element_nodes, make_periodic
 from jaxsem.mesh.numbering import FACE_CORNERS, number_nodes
 
 # Lexicographic corner c = a + 2b + 4c3 → VTK/meshio hexahedron corner (independent
@@ -533,3 +533,177 @@ def test_ascii_v41_node_total_larger_than_listed_is_refused(tmp_path):
         path = _edited(tmp_path, "total.msh", text.replace("$Nodes\n1 12 1 12\n", f"$Nodes\n1 {total} 1 12\n"))
         with pytest.raises(ValueError, match=rf"total\.msh: .*\$Nodes announces {total} nodes and lists 12"):
             read_gmsh(path, order=2)
+
+
+# ---------------------------------------------------------------- physical surface groups
+
+
+def _grouped_file(tmp_path, ne, groups, seed=0, rotate=True, binary=False, names=True):
+    """The box ``ne`` as a hex8 file with shuffled, (optionally) rotated elements and permuted node
+    ids, and one physical surface group of quads per entry of ``groups``: a box side's name, or
+    ``(name, rows)`` with rows (box element, local face). Tags 11, 12, …; named unless ``names`` is
+    False. Returns the path, the box and ``eorder`` (file element → box element)."""
+    rng = np.random.default_rng(seed)
+    box = box_mesh(ne, order=1)
+    E, V = box.num_elements, len(box.vertices)
+    eorder = rng.permutation(E)
+    identity = next(k for k, R in enumerate(ROTATIONS) if np.array_equal(R, np.eye(3)))
+    rot = rng.integers(0, 24, E) if rotate else np.full(E, identity)
+    vperm = rng.permutation(V)
+    cells = np.stack([vperm[box.cells[eorder[e]][_corner_perm(ROTATIONS[rot[e]])]] for e in range(E)])
+    blocks = [("hexahedron", cells[:, LEX_TO_VTK8])]
+    tags = [np.ones(E, dtype=int)]
+    field = {"fluid": np.array([1, 3])}
+    for k, g in enumerate(groups):
+        g, rows = (g, box.boundary(g)) if isinstance(g, str) else g
+        quads = vperm[box.cells[rows[:, 0, None], FACE_CORNERS[rows[:, 1]]][:, [0, 1, 3, 2]]]  # counter-clockwise
+        blocks.append(("quad", quads))
+        tags.append(np.full(len(quads), 11 + k))
+        if names:
+            field[g] = np.array([11 + k, 2])
+    msh = meshio.Mesh(box.vertices[np.argsort(vperm)], blocks, field_data=field,
+                      cell_data={"gmsh:physical": tags, "gmsh:geometrical": tags})
+    path = tmp_path / f"grouped_{seed}_{int(rotate)}_{int(binary)}.msh"
+    meshio.write(str(path), msh, file_format="gmsh22", binary=binary)
+    return path, box, eorder
+
+
+def _face_points(mesh, rows):
+    """GLL node coordinates of the faces ``rows`` (element, local face): (3, F, n, n)."""
+    from jaxsem.mesh.box import _face_nodes
+
+    return _face_nodes(mesh.x, rows[:, 0], rows[:, 1])
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_physical_surfaces_become_boundary_groups(tmp_path, binary):
+    """Every side of a (3, 3, 4) box in rotated, shuffled elements: each group holds exactly the
+    box's faces of that side (same elements, mapped through the shuffle), its nodes on the side."""
+    sides = ["xmin", "xmax", "ymin", "ymax", "zmin", "zmax"]
+    path, box, eorder = _grouped_file(tmp_path, (3, 3, 4), sides, binary=binary)
+    mesh = read_gmsh(path, order=3)
+    assert sorted(mesh.boundaries) == sorted(sides)
+    for k, side in enumerate(sides):
+        rows = mesh.boundary(side)
+        assert sorted(eorder[rows[:, 0]].tolist()) == sorted(box.boundary(side)[:, 0].tolist())
+        x = _face_points(mesh, rows)[k // 2]
+        assert np.abs(x - (0.0 if k % 2 == 0 else 1.0)).max() < 1e-14, side
+    # the groups cover the boundary faces the numbering finds, each once
+    faces = np.concatenate(list(mesh.boundaries.values()))
+    bf = number_nodes(mesh).boundary_faces
+    assert sorted(map(tuple, faces.tolist())) == sorted(map(tuple, bf.tolist()))
+
+
+def test_unnamed_groups_and_interior_quads(tmp_path):
+    """A group without a $PhysicalNames entry is "surface_<tag>"; a quad on a face of two
+    hexahedra gives both (element, face) rows (and is refused as a Dirichlet group)."""
+    path, box, eorder = _grouped_file(tmp_path, (3, 2, 2), ["xmin", "ymax"], names=False)
+    mesh = read_gmsh(path, order=2)
+    assert sorted(mesh.boundaries) == ["surface_11", "surface_12"]
+    assert len(mesh.boundary("surface_11")) == 4 and len(mesh.boundary("surface_12")) == 6
+    # the (3, 2, 2) box's internal plane x = 1/3 as a group: 4 quads, 8 rows
+    plane = np.array([[e, 1] for e in range(12) if e % 3 == 0])
+    inner, box, eorder = _grouped_file(tmp_path, (3, 2, 2), ["xmin", ("plane", plane)], seed=1)
+    mesh = read_gmsh(inner, order=2)
+    rows = mesh.boundary("plane")
+    assert sorted(eorder[rows[:, 0]].tolist()) == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert np.abs(_face_points(mesh, rows)[0] - 1 / 3).max() < 1e-14
+    with pytest.raises(ValueError, match="boundary group 'plane': face .* is not on the domain boundary"):
+        jaxsem.discretize(mesh, dirichlet=["plane"])
+
+
+def test_group_quads_that_are_no_face_are_refused(tmp_path):
+    path, box, eorder = _grouped_file(tmp_path, (2, 2, 2), ["zmin"])
+    msh = meshio.read(path)
+    hexa = msh.cells_dict["hexahedron"]
+    cells = [("hexahedron", hexa), ("quad", np.array([hexa[0, [0, 1, 6, 7]]]))]  # a diagonal plane of element 1
+    bad = meshio.Mesh(msh.points, cells, field_data={"cut": np.array([5, 2])},
+                      cell_data={"gmsh:physical": [np.ones(8, int), np.array([5])],
+                                 "gmsh:geometrical": [np.ones(8, int), np.array([5])]})
+    meshio.write(str(tmp_path / "cut.msh"), bad, file_format="gmsh22", binary=False)
+    ids = [int(i) + 1 for i in hexa[0, [0, 1, 6, 7]]]
+    with pytest.raises(ValueError, match=rf"cut\.msh: physical surface group 'cut': quad 1 of the group "
+                                         rf"\(corner node ids \[{ids[0]}, {ids[1]}, {ids[2]}, {ids[3]}\]\) "
+                                         r"is no face of a hexahedron"):
+        read_gmsh(tmp_path / "cut.msh", order=2)
+    tri = meshio.Mesh(msh.points, [("hexahedron", hexa), ("triangle", np.array([hexa[0, :3]]))],
+                      field_data={"tri": np.array([5, 2])},
+                      cell_data={"gmsh:physical": [np.ones(8, int), np.array([5])],
+                                 "gmsh:geometrical": [np.ones(8, int), np.array([5])]})
+    meshio.write(str(tmp_path / "tri.msh"), tri, file_format="gmsh22", binary=False)
+    with pytest.raises(ValueError, match=r"tri\.msh: physical surface group 'tri' holds \['triangle'\] cells"):
+        read_gmsh(tmp_path / "tri.msh", order=2)
+
+
+# ---------------------------------------------------------------- make_periodic
+
+
+def _same_classes(gid_a, gid_b):
+    """The two numberings identify the same nodes (equal up to relabelling)."""
+    pairs = np.unique(np.stack([gid_a.ravel(), gid_b.ravel()]), axis=1)
+    return len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
+
+
+@pytest.mark.parametrize("ne", [(3, 3, 3), (3, 4, 1)])
+def test_make_periodic_box_equals_the_periodic_box(ne):
+    """A box made periodic in z by its zmin/zmax groups numbers and discretizes as box_mesh with
+    periodic z, on the formula path (box kept) and the general one (elements=None)."""
+    import dataclasses
+
+    kw = dict(order=3, lengths=(1.0, 2.0, 0.5), deform=0.1)
+    ref = box_mesh(ne, periodic=(False, False, True), **kw)
+    made = make_periodic(box_mesh(ne, **kw), "zmin", "zmax")
+    assert made.periodic == (False, False, True) and made.elements == ne
+    assert np.array_equal(made.periodic_faces, ref.periodic_faces)
+    assert sorted(made.boundaries) == ["xmax", "xmin", "ymax", "ymin"]
+    general = make_periodic(dataclasses.replace(box_mesh(ne, **kw), elements=None), "zmax", "zmin")
+    assert general.elements is None and len(general.periodic_faces) == ne[0] * ne[1]
+    n_ref = number_nodes(ref)
+    for mesh in (made, general):
+        n = number_nodes(mesh)
+        assert n.num_global == n_ref.num_global
+        assert np.array_equal(n.gid, n_ref.gid)
+        assert np.array_equal(np.sort(n.boundary_faces, axis=0), np.sort(n_ref.boundary_faces, axis=0))
+    s_ref = jaxsem.discretize(ref)
+    s = jaxsem.discretize(general)
+    assert s.num_global == s_ref.num_global
+    assert np.array_equal(np.asarray(s.mask), np.asarray(s_ref.mask))
+    u = np.random.default_rng(1).standard_normal(s.x.shape[1:])
+    assert np.abs(np.asarray(s.dssum(u)) - np.asarray(s_ref.dssum(u))).max() < 1e-13
+
+
+def test_make_periodic_of_a_gmsh_file(tmp_path):
+    """Shuffled elements and node ids, orientation kept: the same identifications as the periodic box;
+    rotated elements (face-local orders that differ): refused, naming both groups."""
+    path, box, eorder = _grouped_file(tmp_path, (3, 3, 3), ["zmin", "zmax", "xmin"], rotate=False)
+    mesh = make_periodic(read_gmsh(path, order=3), "zmin", "zmax")
+    assert sorted(mesh.boundaries) == ["xmin"] and len(mesh.periodic_faces) == 9
+    ref = number_nodes(box_mesh((3, 3, 3), order=3, periodic=(False, False, True)))
+    assert number_nodes(mesh).num_global == ref.num_global
+    assert _same_classes(number_nodes(mesh).gid, ref.gid[eorder])
+
+    path, _, _ = _grouped_file(tmp_path, (3, 3, 3), ["zmin", "zmax"], seed=3, rotate=True)
+    with pytest.raises(ValueError, match=r"groups 'zmin' \(9 faces\) and 'zmax' \(9 faces\): face \d of element "
+                                         r"\d+ and its translate .* have other face-local orientations"):
+        make_periodic(read_gmsh(path, order=3), "zmin", "zmax")
+
+
+def test_make_periodic_errors():
+    box = box_mesh((3, 3, 2), order=2)
+    with pytest.raises(ValueError, match=r"a must name one of the mesh's boundary groups \[.*\], got 'front'"):
+        make_periodic(box, "front", "zmax")
+    with pytest.raises(ValueError, match="b must name one of"):
+        make_periodic(box, "zmin", 3)
+    with pytest.raises(ValueError, match="a and b must be two different boundary groups, got 'zmin' twice"):
+        make_periodic(box, "zmin", "zmin")
+    with pytest.raises(ValueError, match=r"groups 'zmin' \(9 faces\) and 'xmax' \(6 faces\) cannot be paired"):
+        make_periodic(box, "zmin", "xmax")
+    with pytest.raises(ValueError, match=r"'xmin' \(6 faces\) and 'ymin' \(6 faces\) do not match by the translation"):
+        make_periodic(box_mesh((3, 3, 2), order=2), "xmin", "ymin")
+    with pytest.raises(ValueError, match=r"do not match by the translation \[0.0, 0.0, 0.5\]: face 4 of element 0"):
+        make_periodic(box, "zmin", "zmax", shift=(0, 0, 0.5))
+    with pytest.raises(ValueError, match="shift must be 3 finite numbers"):
+        make_periodic(box, "zmin", "zmax", shift=(0, 1))
+    periodic = make_periodic(box, "zmin", "zmax", shift=(0, 0, 1.0))
+    with pytest.raises(ValueError, match="a must name one of the mesh's boundary groups"):
+        make_periodic(periodic, "zmin", "zmax")

@@ -55,8 +55,11 @@ def _fine_coordinates(sem: SEM) -> np.ndarray:
     return x
 
 
-def _has_dirichlet(sem: SEM) -> bool:
-    return float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
+def _has_dirichlet(sem: SEM) -> bool | tuple:
+    """``sem.dirichlet`` where its mask has Dirichlet nodes (a mask replaced without them,
+    as :func:`jaxsem.elliptic.pure_neumann` does, has none), else False."""
+    has = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
+    return (sem.dirichlet or True) if has else False
 
 
 def coarsen(sem: SEM, order: int, dtype=None, *, _x=None, _dirichlet=None) -> SEM:

@@ -23,10 +23,10 @@ from .base import Discretization, Source
 from .assembled import Assembled, make_assembled
 from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distributed
 from ..mesh.box import Mesh
-from ..mesh.numbering import Numbering, number_nodes
+from ..mesh.numbering import Numbering, face_ids, face_slice, number_nodes
 from ..mesh.partition import partition_mesh
 
-__all__ = ["SEM", "discretize", "memory_bytes", "STORAGES"]
+__all__ = ["SEM", "discretize", "with_dirichlet", "group_indicator", "memory_bytes", "STORAGES"]
 
 STORAGES = ("auto", "local")
 
@@ -57,6 +57,8 @@ class SEM(Discretization):
         E-vectors.
       source: static :class:`~jaxsem.discretization.base.Source`, the mesh and partition it
         was built from (for :func:`jaxsem.discretization.coarsen`).
+      dirichlet: static, where the mask is 0: ``True`` every boundary face, ``False`` none, or
+        a tuple of the mesh's boundary group names.
 
     Under MPI each rank holds only its elements; sharded over devices the arrays are
     global and split along the element axis (:mod:`jaxsem.discretization.shard`).
@@ -81,6 +83,7 @@ class SEM(Discretization):
     backend: Backend = dataclasses.field(metadata=dict(static=True), default=Backend())
     assembled: Assembled | None = None
     source: Source | None = dataclasses.field(metadata=dict(static=True), default=None)
+    dirichlet: bool | tuple = dataclasses.field(metadata=dict(static=True), default=True)
 
     @property
     def weight(self):
@@ -112,6 +115,18 @@ class SEM(Discretization):
             wg = jnp.asarray(basis.gll_points(self.order)[1], x.dtype)
             bmass = geo.factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
         return dataclasses.replace(self, x=x, geom=geom, bmass=bmass)
+
+    def with_mask(self, mask, dirichlet) -> "SEM":
+        """The same discretization with Dirichlet nodes where ``mask: (E, n, n, n)`` is 0 (a
+        continuous 0/1 field; rank-local inside :meth:`local_map`, global outside) and the
+        static ``dirichlet`` recorded; assembled storage drops the new Dirichlet nodes (global
+        arrays, or rank-local ones under MPI)."""
+        mask = jnp.asarray(mask, self.mask.dtype) * self.valid
+        a = self.assembled
+        if a is not None:
+            idx = jnp.where(mask > 0, self.gs.gid.reshape(self.mask.shape), a.size).astype(jnp.int32)
+            a = dataclasses.replace(a, idx=idx)
+        return dataclasses.replace(self, mask=mask, assembled=a, dirichlet=dirichlet)
 
     def dssum(self, u):
         """QQᵀ u (direct stiffness summation) of ``u: (..., E, n, n, n)``."""
@@ -156,7 +171,9 @@ def discretize(
     Args:
       mesh: a :class:`jaxsem.mesh.Mesh`.
       quadrature: ``"gll"`` (collocated, q = N + 1) or ``"gauss"`` (q = N + 2).
-      dirichlet: zero Dirichlet conditions on every boundary face (else Neumann).
+      dirichlet: where the mask is 0 (the Dirichlet nodes): ``True`` every boundary face,
+        ``False`` none (Neumann), or a sequence of names of ``mesh.boundaries`` (the nodes of
+        those groups' faces, edges and corners shared with other faces included).
       backend: ``"auto"`` (the fused CUDA kernels where they run this order and dtype,
         the einsum reference elsewhere), ``"einsum"`` or ``"cuda"``; see
         :mod:`jaxsem.backends`. Resolved here, once, and kept on the result.
@@ -183,6 +200,7 @@ def discretize(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    dirichlet = dirichlet_groups(mesh, dirichlet)
     if numbering is None:
         numbering = number_nodes(mesh)
     elif numbering.gid.shape != (mesh.num_elements,) + (mesh.n,) * 3:
@@ -201,8 +219,10 @@ def discretize(
     quad = geo.quadrature(mesh.order, quadrature, q)
     kernels = resolve_backend(backend, mesh.order, int(quad.J.shape[0]), dtype)
     mask = np.ones(numbering.gid.shape)
-    if dirichlet:
+    if dirichlet is True:
         mask[numbering.boundary_nodes()] = 0.0
+    elif dirichlet:
+        mask[group_nodes(mesh, numbering, dirichlet)] = 0.0
     if comm.size > 1:
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= comm.size:
@@ -238,7 +258,78 @@ def discretize(
         backend=kernels,
         assembled=assembled,
         source=Source(mesh, part if comm.size > 1 else None),
+        dirichlet=dirichlet,
     )
+
+
+def dirichlet_groups(mesh: Mesh, dirichlet) -> bool | tuple:
+    """``dirichlet`` checked: True, False, or a tuple of ``mesh``'s boundary group names (an
+    empty sequence is False). ``ValueError`` naming an unknown group and the mesh's groups."""
+    if isinstance(dirichlet, (bool, np.bool_)):
+        return bool(dirichlet)
+    if isinstance(dirichlet, str):
+        dirichlet = (dirichlet,)
+    try:
+        names = tuple(dirichlet)
+    except TypeError:
+        raise TypeError(f"dirichlet must be True, False or a sequence of boundary group names, "
+                        f"got {dirichlet!r}") from None
+    unknown = [g for g in names if g not in mesh.boundaries]
+    if unknown:
+        raise ValueError(f"dirichlet names boundary group(s) {unknown} the mesh does not have; "
+                         f"its groups: {sorted(mesh.boundaries)}")
+    return tuple(dict.fromkeys(names)) or False
+
+
+def group_indicator(sem: SEM, groups) -> jax.Array:
+    """``(E, n, n, n)``: 1.0 on the nodes of the boundary ``groups``' faces (their edges and
+    corners too, on every element that touches them), 0.0 elsewhere — a continuous field,
+    found by a gather–scatter of the faces' indicator (no renumbering; any transport).
+    ``groups``: a sequence of names of ``sem.source.mesh.boundaries``."""
+    if sem.source is None:
+        raise ValueError("sem has no source mesh (it was not built by jaxsem.discretize)")
+    mesh = sem.source.mesh
+    groups = dirichlet_groups(mesh, tuple(groups)) or ()
+    flag = np.zeros((mesh.num_elements + 1, 6))  # the last row: pads of a sharded block (element −1)
+    for g in groups:
+        rows = mesh.boundary(g)
+        flag[rows[:, 0], rows[:, 1]] = 1.0
+    flag = flag[sem.host_elements()]
+    ind = np.zeros(sem.mask.shape)
+    for f in range(6):
+        at = face_slice(f, sem.order)
+        ind[at] = np.maximum(ind[at], flag[:, f, None, None])
+    ind = jax.device_put(jnp.asarray(ind, sem.mask.dtype), getattr(sem.mask, "sharding", None))
+    return sem.local_map(lambda s, i: jnp.where(s.dssum(i) > 0, 1.0, 0.0).astype(i.dtype) * s.valid, ind)
+
+
+def with_dirichlet(sem: SEM, dirichlet) -> SEM:
+    """``sem`` with its Dirichlet nodes on the boundary groups ``dirichlet`` (a sequence of
+    names of the mesh's groups, or False for none) instead (:func:`group_indicator`)."""
+    if dirichlet is True:
+        raise ValueError("with_dirichlet takes group names or False; for every boundary face use discretize")
+    if sem.source is None:
+        raise ValueError("sem has no source mesh (it was not built by jaxsem.discretize)")
+    groups = dirichlet_groups(sem.source.mesh, dirichlet)
+    return sem.with_mask(1.0 - group_indicator(sem, groups or ()), groups)
+
+
+def group_nodes(mesh: Mesh, numbering: Numbering, groups) -> np.ndarray:
+    """``(E, n, n, n)`` bool: the node lies on a face of one of the boundary ``groups`` (host).
+
+    ``ValueError`` naming a group with a face that is not on the domain boundary (shared by
+    two elements or periodic)."""
+    boundary = set((numbering.boundary_faces[:, 0] * 6 + numbering.boundary_faces[:, 1]).tolist())
+    flag = np.zeros(numbering.num_global, dtype=bool)
+    for g in groups:
+        rows = mesh.boundary(g)
+        inner = [r for r in (rows[:, 0] * 6 + rows[:, 1]).tolist() if r not in boundary]
+        if inner:
+            raise ValueError(f"boundary group {g!r}: face {inner[0] % 6} of element {inner[0] // 6} is not on the "
+                             f"domain boundary ({len(inner)} such faces)")
+        if len(rows):
+            flag[face_ids(numbering.gid, rows[:, 0], rows[:, 1])] = True
+    return flag[numbering.gid]
 
 
 def memory_bytes(num_elements: int, order: int, q: int | None = None, components: int = 1,

@@ -22,7 +22,10 @@ import numpy as np
 
 from ..core import basis
 
-__all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "PERIODIC_TOL", "element_nodes"]
+__all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "PERIODIC_TOL", "element_nodes", "BOX_FACES"]
+
+# The names box_mesh gives its six sides (those of non-periodic axes), in local-face order.
+BOX_FACES = ("xmin", "xmax", "ymin", "ymax", "zmin", "zmax")
 
 # Local face f lies at r/s/t = (-1 if f even else +1) on axis FACE_AXIS[f].
 FACE_AXIS = (0, 0, 1, 1, 2, 2)
@@ -49,6 +52,10 @@ class Mesh:
         no face may be paired with itself or appear in two pairs.
       elements: element counts per axis for box meshes, else ``None``.
       periodic: periodic flag per axis for box meshes.
+      boundaries: named boundary face groups, ``{name: (F, 2) int64 rows (element, local
+        face)}`` (box meshes: :data:`BOX_FACES` of the non-periodic axes; Gmsh meshes: the
+        physical surface groups). A face may be in one group; whether the faces lie on the
+        domain boundary is checked where the mesh is numbered.
     """
 
     order: int
@@ -60,6 +67,7 @@ class Mesh:
     lengths: tuple | None = None
     periodic: tuple = (False, False, False)
     deform: float = 0.0
+    boundaries: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         order = basis.check_order(self.order)
@@ -90,7 +98,8 @@ class Mesh:
         _check_periodic(x, pf)
         if self.elements is not None and (len(self.elements) != 3 or int(np.prod(self.elements)) != E):
             raise ValueError(f"elements must be 3 counts whose product is E = {E}, got {self.elements!r}")
-        for name, value in (("cells", cells), ("vertices", vertices), ("x", x), ("periodic_faces", pf)):
+        for name, value in (("cells", cells), ("vertices", vertices), ("x", x), ("periodic_faces", pf),
+                            ("boundaries", _check_boundaries(self.boundaries, E))):
             object.__setattr__(self, name, value)
 
     @property
@@ -100,6 +109,13 @@ class Mesh:
     @property
     def num_elements(self) -> int:
         return int(self.cells.shape[0])
+
+    def boundary(self, name: str) -> np.ndarray:
+        """``(F, 2)`` rows (element, local face) of the boundary group ``name``; a
+        ``KeyError`` naming the groups the mesh has for another name."""
+        if name not in self.boundaries:
+            raise KeyError(f"the mesh has no boundary group {name!r}; its groups: {sorted(self.boundaries)}")
+        return self.boundaries[name]
 
     def __repr__(self):
         shape = f"elements={self.elements}, " if self.elements else f"E={self.num_elements}, "
@@ -156,6 +172,28 @@ def _check_periodic(x: np.ndarray, pf: np.ndarray) -> None:
             f"the translation {t} of node (0, 0) (allowed: PERIODIC_TOL * the faces' diagonal = {tol:.3g}); "
             f"{bad.size} of {len(pf)} pairs mismatch. Paired faces must match node for node in "
             f"face-local order, up to one translation")
+
+
+def _check_boundaries(groups, E: int) -> dict:
+    """The boundary groups as ``{str: (F, 2) int64}``; ``ValueError``/``TypeError`` naming a bad
+    group, an element or face out of range, or a face in two groups."""
+    if not isinstance(groups, dict):
+        raise TypeError(f"boundaries must be a dict {{name: (F, 2) rows (element, face)}}, got {type(groups).__name__}")
+    out, owner = {}, {}
+    for name, rows in groups.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"boundaries: group names must be non-empty strings, got {name!r}")
+        a = _int_array(rows, f"boundaries[{name!r}]").reshape(-1, 2) if np.size(rows) else np.zeros((0, 2), np.int64)
+        if a.size and (a[:, 0].min() < 0 or a[:, 0].max() >= E or a[:, 1].min() < 0 or a[:, 1].max() > 5):
+            raise ValueError(f"boundaries[{name!r}] rows must be (element in [0, {E}), face in [0, 6)), "
+                             f"got rows from {a.min(axis=0).tolist()} to {a.max(axis=0).tolist()}")
+        for key in (a[:, 0] * 6 + a[:, 1]).tolist():
+            if key in owner:
+                raise ValueError(f"boundaries: face {key % 6} of element {key // 6} is in groups "
+                                 f"{owner[key]!r} and {name!r}; a face may be in one group")
+            owner[key] = name
+        out[name] = a
+    return out
 
 
 def _int_array(value, name) -> np.ndarray:
@@ -285,7 +323,22 @@ def box_mesh(
         x = np.asarray(mapping(x), dtype=np.float64)
         if x.shape != (3, E, n, n, n):
             raise ValueError(f"mapping must return an array of shape (3, E, n, n, n), got {x.shape}")
-    return Mesh(order, cells, vertices, x, _box_periodic_faces(ne, per), ne, L, per, deform)
+    return Mesh(order, cells, vertices, x, _box_periodic_faces(ne, per), ne, L, per, deform,
+                _box_boundaries(ne, per))
+
+
+def _box_boundaries(ne, per) -> dict:
+    """:data:`BOX_FACES` groups of the non-periodic axes: the elements of the first (last)
+    layer along the axis, their local face 2·axis (2·axis + 1)."""
+    eid = np.arange(int(np.prod(ne))).reshape(ne[2], ne[1], ne[0])
+    out = {}
+    for axis in range(3):
+        if per[axis]:
+            continue
+        for side, layer in ((0, 0), (1, ne[axis] - 1)):
+            e = np.take(eid, layer, axis=2 - axis).ravel()
+            out[BOX_FACES[2 * axis + side]] = np.stack([e, np.full_like(e, 2 * axis + side)], 1).astype(np.int64)
+    return out
 
 
 def _box_cells(ne) -> np.ndarray:

@@ -15,6 +15,9 @@ A file that cannot be a valid mesh is refused with a ``ValueError`` naming it an
 saying what is wrong (meshio's own failures, including the ``sys.exit`` it calls on
 unreadable files, are caught). Corner nodes that coincide are merged, so that a
 file with duplicated nodes does not become a mesh split by an internal wall.
+
+Physical surface groups become the mesh's named boundary groups (``Mesh.boundaries``),
+each quad matched to the hexahedron face with its four corners.
 """
 
 from __future__ import annotations
@@ -86,17 +89,27 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
         closer than ``MERGE_TOL`` (1e-10) times the diagonal (``ValueError`` with the ids).
 
     The volume cells must all be ``hexahedron`` (hex8, trilinear elements) or all
-    ``hexahedron27`` (triquadratic elements); lower-dimensional cells (quads,
-    triangles, lines, vertices of physical groups) are ignored. ``Mesh.cells``
+    ``hexahedron27`` (triquadratic elements). ``Mesh.cells``
     holds the file's corner node ids renumbered compactly (0, 1, … in
     increasing file id; mid-nodes and unused nodes dropped), ``Mesh.vertices`` their coordinates, and ``Mesh.x`` the
     isoparametric GLL node coordinates, ``(3, E, n, n, n)``. Element orientation
     is kept as in the file: a left-handed (mirrored) element is reported by
     :func:`jaxsem.geometry.geometric_factors`.
 
+    ``Mesh.boundaries`` holds the physical surface groups: each quad (quad4 or quad9) of a
+    group becomes the row (element, local face) of the hexahedron face with its 4 corner
+    nodes (compared after merging), in file order; a quad on a face of two hexahedra (an
+    interior surface) gives both rows, and :func:`jaxsem.discretize` refuses such a group
+    as a Dirichlet boundary. Groups are named by ``$PhysicalNames``; a group without a name
+    is ``"surface_<tag>"`` (its physical tag). Physical volumes, lines and points, and
+    2-D cells in no physical group, are ignored; so are all lower-dimensional cells
+    for the topology. Versions 2 and 4.1 give every named group; meshio gives only the first
+    group of each entity of a 4.0 file (and of a 4.1 file for unnamed groups), and none
+    where some entity of a 4.x file is in no physical group.
+
     Periodic Gmsh meshes are not supported: ``$Periodic`` sections are ignored
-    and ``periodic_faces`` is empty, so a periodic box must come from
-    :func:`jaxsem.mesh.box_mesh`.
+    and ``periodic_faces`` is empty: pair two boundary groups with
+    :func:`jaxsem.mesh.make_periodic`.
 
     Raises ``FileNotFoundError`` / ``IsADirectoryError`` for a missing path or a
     folder, and ``ValueError`` naming the file for: an empty, truncated or
@@ -107,7 +120,8 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     files; in binary files as far as the parsed connectivity shows); non-finite
     coordinates; an element that repeats a corner; any other 3-D cell type (tetra,
     wedge, pyramid, hexahedron20, …), a file without hexahedra, and hex8 and hex27
-    mixed.
+    mixed; a physical surface group with a quad that is no face of a hexahedron (naming the
+    group and the quad's node ids) or with triangles.
     """
     order = basis.check_order(order)
     if merge_tol is not None and not (isinstance(merge_tol, (int, float)) and not isinstance(merge_tol, bool)
@@ -169,7 +183,10 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     s = m - 1  # grid index of the +1 end
     corner_cols = [a * s + m * b * s + m * m * c3 * s for c3 in (0, 1) for b in (0, 1) for a in (0, 1)]
     corners = conn[:, corner_cols]  # (E, 8) file node indices, lexicographic corners
-    corners = _merge_coincident(name, corners, points, merge_tol, node_id)
+    merged = _merge_coincident(name, corners, points, merge_tol, node_id)
+    merged_to = np.arange(len(points))
+    merged_to[corners] = merged  # file node index → the index it was merged into
+    corners = merged
     srt = np.sort(corners, axis=1)
     rep = np.any(srt[:, 1:] == srt[:, :-1], axis=1)
     if rep.any():
@@ -183,7 +200,84 @@ def read_gmsh(path: str | os.PathLike, order: int, *, merge_tol: float | None = 
     E = conn.shape[0]
     geom = points[conn].reshape(E, m, m, m, 3)
     x = element_nodes(geom, order)
-    return Mesh(order, cells, vertices, x, np.zeros((0, 4), dtype=np.int64))
+    vertex = np.full(len(points), -1, dtype=np.int64)
+    vertex[used] = np.arange(len(used))
+    boundaries = _match_faces(name, _surface_groups(name, msh), cells, vertex[merged_to], node_id)
+    return Mesh(order, cells, vertices, x, np.zeros((0, 4), dtype=np.int64), boundaries=boundaries)
+
+
+def _surface_groups(name: str, msh) -> dict:
+    """``{group name: (Q, 4) file node indices of its quads' corners}``: the 2-D cells of each
+    physical surface group, named by ``$PhysicalNames`` or ``surface_<tag>``, in file order.
+
+    meshio gives each 2-D block's physical tag as ``gmsh:physical`` cell data (version 2: per
+    element; version 4.1: the first physical group of the block's entity) and, in version 4.1,
+    the named groups' members as ``cell_sets`` (every group of an entity): both are read.
+    """
+    named = {}
+    for key, value in msh.field_data.items():
+        tag, dim = (int(v) for v in np.asarray(value).ravel()[:2])
+        if dim == 2:
+            named[tag] = key
+    members: dict[str, list] = {key: [] for key in named.values()}  # name → [(block, rows)]
+    physical = msh.cell_data.get("gmsh:physical", [])
+    for b, block in enumerate(msh.cells):
+        if not block.type.startswith(("quad", "triangle", "polygon")):
+            continue
+        tags = np.asarray(physical[b]).ravel() if len(physical) == len(msh.cells) else np.zeros(0)
+        if len(tags) == len(block.data):
+            for tag in np.unique(tags[tags > 0]).tolist():
+                members.setdefault(named.get(tag, f"surface_{tag}"), []).append((b, np.nonzero(tags == tag)[0]))
+        for key in named.values():
+            rows = msh.cell_sets[key][b] if key in msh.cell_sets else None
+            if rows is not None and len(rows):
+                members[key].append((b, np.asarray(rows, dtype=np.int64).ravel()))
+    out = {}
+    for key, parts in members.items():
+        types = sorted({msh.cells[b].type for b, _ in parts if not msh.cells[b].type.startswith("quad")})
+        if types:
+            raise ValueError(f"{name}: physical surface group {key!r} holds {types} cells; boundary groups of a "
+                             "hexahedral mesh must be quadrilaterals (quad or quad9)")
+        # each cell once (a v4.1 group is in both sources), in file order
+        cells = np.unique(np.concatenate([np.stack([np.full(len(r), b), r], 1) for b, r in parts]
+                                         or [np.zeros((0, 2), np.int64)]), axis=0)
+        out[key] = np.concatenate([np.asarray(msh.cells[b].data, dtype=np.int64)[cells[cells[:, 0] == b, 1], :4]
+                                   for b in np.unique(cells[:, 0]).tolist()] or [np.zeros((0, 4), np.int64)])
+    return out
+
+
+def _match_faces(name: str, groups: dict, cells: np.ndarray, vertex: np.ndarray, node_id) -> dict:
+    """``{group: (F, 2) rows (element, local face)}``: each quad of ``groups`` (file node
+    indices) matched to the hexahedron faces with its 4 corners (``vertex``: file index →
+    ``Mesh`` vertex id, -1 if no corner); a quad on a face of two hexahedra gives both rows.
+    ``ValueError`` naming the file, the group and the quad for a quad that is no face."""
+    from .numbering import FACE_CORNERS, _unique_rows
+
+    faces = np.sort(cells[:, FACE_CORNERS].reshape(-1, 4), axis=1)  # (6E, 4), row e·6 + f
+    out = {}
+    for key, quads in groups.items():
+        ok = (quads >= 0) & (quads < len(vertex))
+        ids = np.where(ok, vertex[np.where(ok, quads, 0)], -1)
+        srt = np.sort(ids, axis=1)
+        valid = (srt[:, 0] >= 0) & (srt[:, 1:] != srt[:, :-1]).all(axis=1)
+        inverse, _ = _unique_rows(np.concatenate([faces, srt[valid]]), max(len(vertex), 1))
+        hit = np.full(len(quads), -1, dtype=np.int64)
+        hit[valid] = inverse[len(faces):]
+        order = np.argsort(inverse[:len(faces)], kind="stable")
+        lo = np.searchsorted(inverse[:len(faces)][order], hit, "left")
+        hi = np.searchsorted(inverse[:len(faces)][order], hit, "right")
+        missing = np.nonzero((hi == lo) | (hit < 0))[0]
+        if missing.size:
+            q = int(missing[0])
+            who = [node_id(int(i)) if 0 <= i < len(vertex) else "?" for i in quads[q]]
+            raise ValueError(f"{name}: physical surface group {key!r}: quad {q + 1} of the group (corner node ids "
+                             f"{who}) is no face of a hexahedron "
+                             f"({missing.size} of its {len(quads)} quads are not)")
+        count = hi - lo  # 1, or 2 for a face shared by two hexahedra
+        start = np.cumsum(count) - count
+        rows = order[np.repeat(lo, count) + np.arange(int(count.sum())) - np.repeat(start, count)]
+        out[key] = np.stack([rows // 6, rows % 6], axis=1).astype(np.int64)
+    return out
 
 
 def _meshio_read(name: str):

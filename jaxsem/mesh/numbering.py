@@ -89,11 +89,11 @@ class Numbering:
     def boundary_nodes(self) -> np.ndarray:
         """``(E, n, n, n)`` bool: the node lies on a boundary face (of any element)."""
         flag = np.zeros(self.num_global, dtype=bool)
-        flag[_face_ids(self.gid, self.boundary_faces[:, 0], self.boundary_faces[:, 1])] = True
+        flag[face_ids(self.gid, self.boundary_faces[:, 0], self.boundary_faces[:, 1])] = True
         return flag[self.gid]
 
 
-def _face_ids(gid: np.ndarray, e: np.ndarray, f: np.ndarray) -> np.ndarray:
+def face_ids(gid: np.ndarray, e: np.ndarray, f: np.ndarray) -> np.ndarray:
     """``gid`` values on face ``f[p]`` of element ``e[p]``: ``(P, n, n)`` in face-local ``[v, u]`` order.
 
     ``gid: (E, n, n, n)``; one gather per local face (no loop over the P faces).
@@ -306,7 +306,7 @@ def _number_general(mesh: Mesh) -> Numbering:
                              f"faces may be paired")
         neighbors[ea, fa] = np.stack([eb, fb], 1)
         neighbors[eb, fb] = np.stack([ea, fa], 1)
-        label = _merge(_face_ids(key, ea, fa).ravel(), _face_ids(key, eb, fb).ravel(), offset)
+        label = _merge(face_ids(key, ea, fa).ravel(), face_ids(key, eb, fb).ravel(), offset)
         key = label[key]
 
     # Number in order of first appearance (locality for the gather–scatter).
