@@ -1,6 +1,7 @@
 """Exact incompressible flows and reference data that Navier–Stokes solvers are verified against.
 
 - :func:`ethier_steinman`: the unsteady 3-D exact solution of Ethier & Steinman (1994).
+- :func:`kovasznay`: Kovasznay's steady 2-D flow behind a grid (exact, any Re).
 - :func:`taylor_green`: the Taylor–Green vortex initial condition (HiOCFD workshop case C3.5).
 - :func:`tgv_reference`: the 512³ spectral DNS of that vortex at Re = 1600 (E_k, ε, Z over t).
 
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "ExactFlow", "InitialFlow", "ethier_steinman", "taylor_green",
+    "ExactFlow", "InitialFlow", "ethier_steinman", "kovasznay", "velocity_gradient", "taylor_green",
     "TGVReference", "TGVSample", "tgv_reference", "TGV_REFERENCE_ENV",
 ]
 
@@ -106,6 +107,52 @@ def ethier_steinman(a=np.pi / 4, d=np.pi / 2, nu=1.0) -> ExactFlow:
         return d * velocity(x, y, z, t)
 
     return ExactFlow(velocity, pressure, vorticity, nu)
+
+
+def kovasznay(reynolds=40.0) -> ExactFlow:
+    """Kovasznay's exact steady flow (the laminar wake behind a grid), ν = 1/Re, in the x–y plane:
+      u = 1 − e^{λx} cos 2πy,  v = (λ/2π) e^{λx} sin 2πy,  w = 0,  p = ½(1 − e^{2λx}),
+    λ = Re/2 − √(Re²/4 + 4π²). The usual test domain is [−0.5, 1] × [−0.5, 1.5] at Re = 40,
+    here one element deep and periodic in z. Fields take ``(x, y, z, t)`` (``t`` unused).
+
+    L. I. G. Kovasznay, "Laminar flow behind a two-dimensional grid", Proc. Camb. Phil. Soc.
+    44 (1948) 58–62.
+    """
+    re = _real("reynolds", reynolds)
+    if not re > 0:
+        raise ValueError(f"reynolds must be > 0, got {reynolds!r}")
+    lam = re / 2 - np.sqrt(re**2 / 4 + 4 * np.pi**2)
+
+    def velocity(x, y, z, t=0.0):
+        x, y, z = jnp.broadcast_arrays(x, y, z)
+        e = jnp.exp(lam * x)
+        return jnp.stack([1 - e * jnp.cos(2 * np.pi * y), lam / (2 * np.pi) * e * jnp.sin(2 * np.pi * y),
+                          jnp.zeros_like(x)])
+
+    def pressure(x, y, z, t=0.0):
+        x, y, z = jnp.broadcast_arrays(x, y, z)
+        return 0.5 * (1 - jnp.exp(2 * lam * x))
+
+    def vorticity(x, y, z, t=0.0):
+        x, y, z = jnp.broadcast_arrays(x, y, z)
+        wz = (lam**2 / (2 * np.pi) - 2 * np.pi) * jnp.exp(lam * x) * jnp.sin(2 * np.pi * y)
+        return jnp.stack([jnp.zeros_like(x), jnp.zeros_like(x), wz])
+
+    return ExactFlow(velocity, pressure, vorticity, 1.0 / re)
+
+
+def velocity_gradient(velocity: Callable) -> Callable:
+    """``g(x, y, z, t) -> (3, 3, ...)``, ``g[i, j] = ∂u_j/∂x_i`` of a pointwise velocity field
+    ``velocity(x, y, z, t) -> (3, ...)`` (forward-mode derivatives, exact to round-off)."""
+
+    def g(x, y, z, t=0.0):
+        x, y, z, t = jnp.broadcast_arrays(*(jnp.asarray(a, jnp.result_type(float)) for a in (x, y, z, t)))
+        f = lambda *c: velocity(*c, t)  # noqa: E731
+        ones, zero = jnp.ones_like(x), jnp.zeros_like(x)
+        tangents = ((ones, zero, zero), (zero, ones, zero), (zero, zero, ones))
+        return jnp.stack([jax.jvp(f, (x, y, z), tan)[1] for tan in tangents])
+
+    return g
 
 
 def taylor_green(V0=1.0) -> InitialFlow:

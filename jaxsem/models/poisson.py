@@ -7,6 +7,11 @@ conditions; stiffness for BP3–6 with Dirichlet), Gauss q = N + 2 quadrature
 for BP1–4 and collocated GLL for BP5/6; BP2/4/6 solve three components at once.
 
 Manufactured solutions on the unit box (deformed or not) give exact errors.
+
+Boundary conditions per named boundary group: :func:`setup` takes ``{group: Dirichlet(g) |
+Neumann(h)}`` and returns a :class:`Problem` that :func:`solve` takes in place of a SEM.
+Nonzero Dirichlet data are lifted: u = u₀ + ℓ with ℓ the nodal interpolant of g on the
+Dirichlet nodes, u₀ solved for with right-hand side b − Aℓ; Neumann data enter b as ∮ v h dA.
 """
 
 from __future__ import annotations
@@ -20,16 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import geometry as geo
-from ..discretization.sem import SEM, discretize
+from ..discretization import surface as surf_
+from ..discretization.sem import SEM, discretize, with_dirichlet
 from ..elliptic import Helmholtz, global_operator, jacobi, local_operator, operator, pmg, solve_local
 from ..mesh.box import Mesh
+from ..mesh.numbering import number_nodes
 from ..operators import BK_SPECS
 from ..operators.tensor import interp, interp_t
 from ..solvers import multigrid
 
 __all__ = [
     "BP_SPECS", "bp_discretize", "local_operator", "operator", "global_operator", "jacobi", "load",
-    "solve", "pmg", "manufactured", "relative_errors", "coefficients",
+    "solve", "pmg", "manufactured", "relative_errors", "coefficients", "Dirichlet", "Neumann", "Problem", "setup",
 ]
 
 BP_SPECS = BK_SPECS
@@ -70,7 +77,9 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     """Solve h₁(−∇²u) + h₂u = f on ``sem`` (boundary conditions from its mask).
 
     Args:
-      sem: from :func:`bp_discretize` or :func:`jaxsem.discretize`.
+      sem: from :func:`bp_discretize` or :func:`jaxsem.discretize`, or a :class:`Problem` from
+        :func:`setup` (boundary data per group: returns u = u₀ + ℓ; pure Neumann with h₂ = 0
+        solves orthogonally to the constants, and f and the fluxes must balance).
       f: source, callable ``f(x, y, z)`` or values at quadrature points; ignored
         when ``rhs`` (an assembled E-vector) is given.
       h1, h2: coefficients ≥ 0, not both zero: scalars, per element ``(E, 1, 1, 1)`` or
@@ -91,12 +100,21 @@ def solve(sem: SEM, f, h1=1.0, h2=0.0, tol: float = 1e-10, maxiter: int = 1000, 
     geometry by one adjoint solve; with the CUDA backend the adjoint runs the kernels too
     and the one extra operator application of a derivative runs the einsum reference.
     """
+    lift = neumann = None
+    if isinstance(sem, Problem):
+        sem, lift, neumann = sem.sem, sem.lift, sem.neumann
     _check_inputs(sem, f, h1, h2, rhs)
     if precond is not None and not isinstance(precond, multigrid.PMG):
         raise TypeError(f"precond must be None (Jacobi) or a PMG from poisson.pmg, got {type(precond).__name__}")
     if precond is not None and precond.levels[0].sem.order != sem.order:
         raise ValueError(f"precond was built for order {precond.levels[0].sem.order}, sem has order {sem.order}")
-    return sem.local_map(_solve, f, Helmholtz.of(sem, h1, h2, pmg=precond), tol, maxiter, rhs, method)
+    nullspace = lift is not None and sem.dirichlet is False and _is_zero(h2)  # pure Neumann
+    H = Helmholtz.of(sem, h1, h2, pmg=precond, nullspace=nullspace)
+    return sem.local_map(_solve, f, H, tol, maxiter, rhs, method, lift, neumann)
+
+
+def _is_zero(h):
+    return isinstance(h, (int, float)) and not isinstance(h, bool) and h == 0
 
 
 def _concrete(a) -> bool:
@@ -140,9 +158,119 @@ def _nonfinite(a) -> int:
         return int(a.size - jnp.count_nonzero(jnp.isfinite(a))) if jnp.issubdtype(a.dtype, jnp.inexact) else 0
 
 
-def _solve(sem: SEM, f, H: Helmholtz, tol, maxiter, rhs, method):
+def _solve(sem: SEM, f, H: Helmholtz, tol, maxiter, rhs, method, lift=None, neumann=None):
     b = load(sem, f) if rhs is None else rhs
-    return solve_local(H, b, tol=tol, maxiter=maxiter, method=method)
+    if lift is None:
+        return solve_local(H, b, tol=tol, maxiter=maxiter, method=method)
+    u0, info = solve_local(H, b + neumann - H.apply(lift), tol=tol, maxiter=maxiter, method=method)
+    return u0 + lift, info
+
+
+# --- boundary conditions per named boundary group -----------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Dirichlet:
+    """u = g on a boundary group; ``g``: a number or ``g(x, y, z)`` written with ``jnp``."""
+
+    g: Callable | float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Neumann:
+    """h₁ ∂u/∂n = h (outward flux) on a boundary group, entering as ∮ v h dA; ``h``: a number or
+    ``h(x, y, z)`` written with ``jnp`` (∂u/∂n = h for h₁ = 1)."""
+
+    h: Callable | float = 0.0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A Poisson/Helmholtz problem with boundary data per group (pytree; :func:`setup` builds it).
+
+    Attributes:
+      sem: the discretization, its mask 0 on the Dirichlet groups' nodes.
+      lift: ``(E, n, n, n)`` ℓ, the Dirichlet data at the Dirichlet nodes, 0 elsewhere.
+      neumann: ``(E, n, n, n)`` assembled ∮ v h dA of the Neumann data (masked).
+      conditions: static ``((group, "dirichlet" | "neumann"), …)`` for every group of the mesh.
+    """
+
+    sem: SEM
+    lift: jax.Array
+    neumann: jax.Array
+    conditions: tuple = dataclasses.field(metadata=dict(static=True), default=())
+
+
+def setup(mesh_or_sem, boundary: dict | None = None, **discretize_kw) -> Problem:
+    """The problem on ``mesh_or_sem`` with ``boundary = {group: Dirichlet(g) | Neumann(h)}``.
+
+    Groups of the mesh that ``boundary`` does not name get homogeneous Dirichlet conditions
+    (``boundary=None``: every face, the behaviour of :func:`solve` on a plain SEM). Where
+    Dirichlet groups meet, the shared nodes take the data of the group named last. A Mesh is
+    discretized with ``discretize_kw`` (:func:`jaxsem.discretize`'s); a SEM gets its Dirichlet
+    nodes by :func:`jaxsem.discretization.with_dirichlet`. The data are evaluated with ``jnp``
+    here, so ``jax.grad`` through ``solve(setup(...), f)`` reaches parameters they close over.
+    Raises ``ValueError`` naming unknown groups (and listing the mesh's), and, where a Neumann
+    group is given, boundary faces in no group.
+    """
+    boundary = {} if boundary is None else dict(boundary)
+    mesh = mesh_or_sem.source.mesh if isinstance(mesh_or_sem, SEM) else mesh_or_sem
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh_or_sem must be a jaxsem Mesh or SEM, got {type(mesh_or_sem).__name__}")
+    if isinstance(mesh_or_sem, SEM) and discretize_kw:
+        raise ValueError(f"discretize keywords {sorted(discretize_kw)} apply to a Mesh, not to a SEM")
+    unknown = [g for g in boundary if g not in mesh.boundaries]
+    if unknown:
+        raise ValueError(f"boundary names group(s) {unknown} the mesh does not have; "
+                         f"its groups: {sorted(mesh.boundaries)}")
+    bad = {g: c for g, c in boundary.items() if not isinstance(c, (Dirichlet, Neumann))}
+    if bad:
+        raise TypeError(f"boundary values must be Dirichlet(g) or Neumann(h), got {bad}")
+    conds = {g: boundary.get(g, Dirichlet(0.0)) for g in mesh.boundaries}
+    conditions = tuple((g, "dirichlet" if isinstance(c, Dirichlet) else "neumann") for g, c in conds.items())
+    dgroups = tuple(g for g, c in conds.items() if isinstance(c, Dirichlet))
+    ngroups = tuple(g for g, c in conds.items() if isinstance(c, Neumann))
+    if ngroups:
+        _check_covered(mesh)
+    dirichlet = True if not ngroups else (dgroups or False)
+    if isinstance(mesh_or_sem, SEM):
+        sem = mesh_or_sem if mesh_or_sem.dirichlet == dirichlet else with_dirichlet(mesh_or_sem, dirichlet)
+    else:
+        sem = discretize(mesh, dirichlet=dirichlet, **discretize_kw)
+    lift = neumann = jnp.zeros_like(sem.mask)
+    data = tuple(g for g, c in boundary.items() if isinstance(c, Dirichlet) or not _is_zero(c.h))
+    if data:  # one surface of the groups with data; the order given (the last Dirichlet group wins)
+        s = surf_.surface(sem, data)
+        xf = surf_.face_values(s, sem.x)
+        hf = 0.0
+        for k, g in enumerate(data):
+            on = (s.group == k)[:, None, None]
+            if isinstance(boundary[g], Neumann):
+                hf = hf + jnp.where(on, _values(boundary[g].h, xf, s.weight), 0.0)
+                continue
+            ind = surf_.face_scatter(s, jnp.broadcast_to(on, s.weight.shape).astype(s.weight.dtype), sem.mask)
+            at = sem.local_map(lambda t, i: t.dssum(i) > 0, ind)  # every copy of the group's nodes
+            lift = jnp.where(at, _values(boundary[g].g, sem.x, sem.mask), lift)
+        if ngroups:
+            b = surf_.face_scatter(s, s.weight * hf, sem.mask)
+            neumann = sem.local_map(lambda t, b: t.mask * t.dssum(b), b)
+    return Problem(sem=sem, lift=lift, neumann=neumann, conditions=conditions)
+
+
+def _check_covered(mesh: Mesh):
+    """``ValueError`` if a face of the domain boundary is in no boundary group (its condition
+    would be unsaid)."""
+    named = {int(e) * 6 + int(f) for rows in mesh.boundaries.values() for e, f in rows}
+    rest = [(int(e), int(f)) for e, f in number_nodes(mesh).boundary_faces if int(e) * 6 + int(f) not in named]
+    if rest:
+        raise ValueError(f"{len(rest)} boundary face(s) are in no boundary group (first (element, face): "
+                         f"{rest[:3]}); with a Neumann group every boundary face must be in a named group")
+
+
+def _values(g, x, like):
+    """Data ``g`` (a number or ``g(x, y, z)``) at points ``x: (3, ...)``, shaped like ``like``."""
+    v = g(x[0], x[1], x[2]) if callable(g) else g
+    return jnp.broadcast_to(jnp.asarray(v, like.dtype), like.shape)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -288,6 +288,7 @@ def _agreed_signal(received: list, comm) -> int:
 
 def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
           options: RunOptions = RunOptions(), comm=None, start: int = 0, check: Callable | None = None,
+          until: Callable | None = None,
           names: str | tuple[str, ...] = "y"):
     """The guarded chunk loop of :func:`run` for any stepper: ``(y, RunInfo)``.
 
@@ -303,6 +304,8 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
     :class:`jaxsem.solvers.stops.RunStopped`) to stop the run, and the last checkpoint stays
     the one before the chunk. SIGINT or SIGTERM during the loop ends it after the current
     chunk and its checkpoint with :class:`jaxsem.solvers.stops.RunInterrupted` (every process together).
+    ``until(y, m) -> bool``: called on the host after each accepted chunk (and its checkpoint);
+    True ends the run there (a converged steady state), which :class:`RunInfo` then reports.
     ``names``: the state's name in checkpoint files, or the names of its parts when it is a tuple
     (``("state", "series")``); its leaves are the fields of :func:`jaxsem.io.checkpoint.tree_fields`
     under it (``y``, ``y.0``, ``state.U``).
@@ -375,6 +378,8 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
             sig = _agreed_signal(stop, comm)
             if sig:
                 raise RunInterrupted(m, t0 + m * dt, sig, checkpoint_path)
+            if until is not None and until(y, m):
+                break
         jax.block_until_ready(y)
     finally:
         restore_handlers()

@@ -26,11 +26,13 @@ class Series(NamedTuple):
     """A run's time series (NumPy, one entry per sample): ``time``, ``kinetic_energy``,
     ``dissipation`` (−dE_k/dt at the sample time from the energies of its last three steps,
     (3Eⁿ − 4Eⁿ⁻¹ + Eⁿ⁻²)/(2Δt), second order; from two where the sample has one step),
-    ``enstrophy``, ``divergence``, ``cfl``; of every step of the sample, the most
+    ``enstrophy``, ``divergence``, ``cfl``, ``change`` ‖uⁿ⁺¹ − uⁿ‖/(Δt‖uⁿ⁺¹‖) of the sample's
+    last step (L2; a steady state drives it to 0); of every step of the sample, the most
     ``pressure_iterations`` and ``velocity_iterations``, the largest true relative
     residuals ``pressure_residual`` and ``velocity_residual``, and ``failed_solves`` (solves
-    that missed their tolerance: :func:`run` stops at the first). The first row (the start)
-    has NaN for the per-step columns."""
+    that missed their tolerance: :func:`run` stops at the first); ``force: (samples, F, 3)`` the
+    force on each of ``ns.force_groups`` at the sample's time (:class:`StepInfo`). The first row
+    (the start) has NaN for the per-step columns and forces."""
 
     time: np.ndarray
     kinetic_energy: np.ndarray
@@ -38,16 +40,24 @@ class Series(NamedTuple):
     enstrophy: np.ndarray
     divergence: np.ndarray
     cfl: np.ndarray
+    change: np.ndarray
     pressure_iterations: np.ndarray
     velocity_iterations: np.ndarray
     pressure_residual: np.ndarray
     velocity_residual: np.ndarray
     failed_solves: np.ndarray
+    force: np.ndarray
 
 
-_COLUMNS = len(Series._fields) + 1  # and the first failed step of the sample (0: none), not in the Series
-_PER_STEP = [Series._fields.index(c) for c in ("dissipation", "pressure_iterations", "velocity_iterations",
-                                               "pressure_residual", "velocity_residual", "failed_solves")]
+_SCALARS = len(Series._fields) - 1  # the scalar columns (all but force)
+_PER_STEP = [Series._fields.index(c) for c in ("dissipation", "change", "pressure_iterations",
+                                               "velocity_iterations", "pressure_residual", "velocity_residual",
+                                               "failed_solves")]
+
+
+def _columns(ns: NavierStokes) -> int:
+    """Row length: the scalar columns, the first failed step of the sample (0: none), 3 per force group."""
+    return _SCALARS + 1 + 3 * len(ns.force_groups)
 _ROW_BLOCK = 16  # series rows are allocated in multiples of this
 
 
@@ -61,7 +71,7 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
     nan = jnp.asarray(jnp.nan, dtype)
 
     def body(i, c):
-        st, e1, _, tally = c
+        st, e1, _, tally, _ = c
         # E_k before this step, needed only before the sample's last two (with the energy at its
         # end they give −dE_k/dt): one global reduction less on every other step
         e = jax.lax.cond(i >= count - 2, lambda st: _kinetic_energy(ns, st), lambda st: nan, st)
@@ -73,24 +83,34 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
                  jnp.fmax(tally[3], v.true_relative_residual.astype(dtype)),
                  tally[4] + failed.astype(dtype),
                  jnp.where((tally[5] == 0) & failed, st.step.astype(dtype), tally[5]))
-        return st, e, e1, tally
+        return st, e, e1, tally, info.force.astype(dtype)
 
     zero = jnp.zeros((), dtype)
-    st, e1, e2, tally = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 6))
+    force0 = jnp.zeros((len(ns.force_groups), 3), dtype)
+    st, e1, e2, tally, force = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 6, force0))
     d = diagnostics(ns, st)
     e0 = d.kinetic_energy
     three = -(3 * e0 - 4 * e1 + e2) / (2 * ns.dt)
     diss = jnp.where(count >= 2, three, -(e0 - e1) / ns.dt)
-    row = jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, *tally])
+    row = jnp.concatenate([jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, _change(ns, st), *tally]),
+                           force.ravel()])
     rows = rows.at[(m0 + count + chunk - 1) // chunk].set(row)
     return st, rows
+
+
+def _change(ns: NavierStokes, st: State):
+    """‖uⁿ⁺¹ − uⁿ‖/(Δt‖uⁿ⁺¹‖) of the last step (L2, global)."""
+    def local(s, ns_, U):
+        du = s.integrate(jnp.sum((U[0] - U[1]) ** 2, 0))
+        return jnp.sqrt(du / jnp.maximum(s.integrate(jnp.sum(U[0] ** 2, 0)), 1e-300)) / ns_.dt
+    return ns.sem.local_map(local, ns, st.U)
 
 
 def _row0(ns: NavierStokes, st: State):
     d = diagnostics(ns, st)
     zero = jnp.zeros((), st.t.dtype)  # no step yet: the per-step columns are undefined (NaN in the Series)
     return jnp.stack([st.t, d.kinetic_energy, zero, d.enstrophy, d.divergence, d.cfl]
-                     + [zero] * (_COLUMNS - 6))
+                     + [zero] * (_columns(ns) - 6))
 
 
 def _whole_steps(span: float, dt: float, name: str) -> int:
@@ -101,7 +121,7 @@ def _whole_steps(span: float, dt: float, name: str) -> int:
 
 
 def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: float = 0.1,
-        options: driver.RunOptions = driver.RunOptions()):
+        steady_tol: float | None = None, options: driver.RunOptions = driver.RunOptions()):
     """Advance ``state`` to ``t_final`` in jitted chunks of one sample interval each.
 
     Returns ``(state, Series, RunInfo)``; the series starts with the given state and has
@@ -109,7 +129,9 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     ``t_final − state.t`` must be whole numbers of steps (``options.chunk_steps`` is
     replaced by the interval's). Checkpoints (``options.checkpoint_path``) hold the state
     with its BDF/EXT history and the series so far; a resumed run (``options.resume``,
-    the same ``meta``) continues both bit for bit.
+    the same ``meta``) continues both bit for bit. ``steady_tol``: end the run at the first
+    sample whose ``change`` (:class:`Series`) is below it — a steady state (the returned state's
+    ``t`` then precedes ``t_final``; the series ends there).
 
     Nothing that went wrong passes silently. Refused before any step (``ValueError``): a start
     whose CFL number is above ``ns.options.max_cfl`` (the message gives a Δt that is not);
@@ -129,6 +151,9 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
             raise ValueError(f"{name} must be a finite number, got {v!r}")
     if sample_interval <= 0:
         raise ValueError(f"sample_interval must be > 0, got {sample_interval!r}")
+    if steady_tol is not None and (isinstance(steady_tol, bool) or not isinstance(steady_tol, (int, float))
+                                   or not (math.isfinite(steady_tol) and steady_tol > 0)):
+        raise ValueError(f"steady_tol must be None or a positive number, got {steady_tol!r}")
     dt = float(ns.dt)  # the step count, checkpoint metadata and messages are host values
     num_steps = _whole_steps(t_final - t_start, dt, "t_final - state.t")
     chunk = _whole_steps(sample_interval, dt, "sample_interval")
@@ -137,7 +162,7 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     samples = -(-num_steps // chunk)
     # rows allocated in blocks, so that runs of similar lengths share one compiled chunk program
     # (the buffer's shape is part of it); the rows past samples + 1 stay zero and are cut below
-    rows = replicated(ns.sem, np.zeros((-(-(samples + 1) // _ROW_BLOCK) * _ROW_BLOCK, _COLUMNS), state.t.dtype))
+    rows = replicated(ns.sem, np.zeros((-(-(samples + 1) // _ROW_BLOCK) * _ROW_BLOCK, _columns(ns)), state.t.dtype))
     rows = rows.at[0].set(_row0(ns, state))
     o = ns.options
     cfl0 = float(rows[0, Series._fields.index("cfl")])
@@ -159,12 +184,18 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
                              f"to t_final = {t_final}")
     opts = dataclasses.replace(options, chunk_steps=chunk, meta=meta, resume=None)
     check = _checker(ns, chunk, dt, float(rows[0, 1]))
+    until = None
+    if steady_tol is not None:
+        col = Series._fields.index("change")
+        until = lambda y, m: float(y[1][-(-m // chunk), col]) < steady_tol  # noqa: E731
     (state, rows), info = driver.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
                                        args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start,
-                                       check=check, names=("state", "series"))
-    r = np.array(rows)[:samples + 1]
+                                       check=check, until=until, names=("state", "series"))
+    r = np.array(rows)[:-(-info.step // chunk) + 1]
     r[0, _PER_STEP] = np.nan
-    return state, Series(*(r[:, c] for c in range(len(Series._fields)))), info
+    force = r[:, _SCALARS + 1:].reshape(len(r), len(ns.force_groups), 3)
+    force[0] = np.nan
+    return state, Series(*(r[:, c] for c in range(_SCALARS)), force), info
 
 
 def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
@@ -179,7 +210,7 @@ def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
         step, t = int(np.asarray(y[0].step)), float(row[col["time"]])  # the flow's own step count
         failed = row[col["failed_solves"]]
         if failed > 0:
-            first = int(row[-1])
+            first = int(row[_SCALARS])
             p_res, v_res = row[col["pressure_residual"]], row[col["velocity_residual"]]
             which = "pressure" if not p_res <= ns.options.pressure_tol else "velocity"
             res = p_res if which == "pressure" else v_res
@@ -191,7 +222,7 @@ def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
             raise UnstableRunError(step, t, "CFL", cfl, limit,
                                    f"dt = {dt:.4g} is past the stable step; dt <= {dt * 0.5 / cfl:.3g} gives CFL 0.5 here")
         e = row[col["kinetic_energy"]]
-        if ns.boundary is None and e > 10 * e_start + 1e-300:
+        if not ns.bc.inflow and e > 10 * e_start + 1e-300:
             raise UnstableRunError(step, t, "kinetic energy", e, 10 * e_start,
                                    "no energy enters this flow (no boundary data), so E_k cannot grow tenfold; "
                                    f"lower dt = {dt:.4g}")

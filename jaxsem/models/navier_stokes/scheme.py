@@ -13,10 +13,12 @@ import numpy as np
 
 from ...core import basis
 from ...core import geometry as geo
-from ...discretization.sem import SEM, discretize
+from ...discretization.sem import SEM, discretize, group_indicator, with_dirichlet
 from ...discretization.shard import replicated
 from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
 from ...mesh.box import Mesh
+from ...mesh.numbering import number_nodes
+from .boundary import Conditions, Outflow, Velocity, check_groups, resolve
 from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
@@ -110,9 +112,10 @@ class NavierStokes:
       Jd: ``(q, n)`` GLL → Gauss interpolation of the dealiasing rule (``(n, n)`` identity
         without dealiasing).
       Brx: ``(3, 3, E, q, q, q)`` B·∂r_a/∂x_d on the dealiasing rule.
-      options: static :class:`NSOptions`; boundary: static
-        ``u_b(x, y, z, t) -> (3, ...)`` or None (no-slip); walls: static, the velocity
-        has Dirichlet nodes; volume: static |Ω|.
+      bc: the boundary :class:`~jaxsem.models.navier_stokes.boundary.Conditions`.
+      force_weight: ``(F, E, n, n, n)`` 1 on the nodes of each boundary group whose force
+        :class:`StepInfo` reports (static names in ``force_groups``), ``(0, ...)`` when none.
+      options: static :class:`NSOptions`; volume: static |Ω|.
     """
 
     sem: SEM
@@ -122,10 +125,16 @@ class NavierStokes:
     binv: jax.Array = dataclasses.field(metadata=dict(pad=0))
     Jd: jax.Array
     Brx: jax.Array = dataclasses.field(metadata=dict(pad=0))
+    bc: Conditions
+    force_weight: jax.Array
     options: NSOptions = dataclasses.field(metadata=dict(static=True))
-    boundary: Callable | None = dataclasses.field(metadata=dict(static=True))
-    walls: bool = dataclasses.field(metadata=dict(static=True))
+    force_groups: tuple = dataclasses.field(metadata=dict(static=True))
     volume: float = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def walls(self) -> bool:
+        """The velocity has Dirichlet nodes."""
+        return self.bc.walls
 
     @property
     def psem(self) -> SEM:
@@ -168,10 +177,14 @@ class StabilityWarning(UserWarning):
 
 
 class StepInfo(NamedTuple):
-    """The solves of one step: pressure and velocity :class:`PCGInfo`."""
+    """The solves of one step: pressure and velocity :class:`PCGInfo`; ``force: (F, 3)`` the
+    force of the flow on each of ``ns.force_groups`` at the new time level (density 1), from
+    the residual of the discrete momentum equation on the group's nodes
+    (:func:`_forces_local`), ``(0, 3)`` when none is asked for."""
 
     pressure: PCGInfo
     velocity: PCGInfo
+    force: jax.Array
 
 
 class Diagnostics(NamedTuple):
@@ -185,23 +198,27 @@ class Diagnostics(NamedTuple):
     cfl: jax.Array
 
 
-def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
-          options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
+def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None = None,
+          forces=(), options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
           partition=None) -> NavierStokes:
     """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
 
     Args:
-      mesh: a :class:`jaxsem.mesh.Mesh` (periodic axes from the mesh; every other boundary
-        face is a velocity Dirichlet boundary).
+      mesh: a :class:`jaxsem.mesh.Mesh` (periodic axes from the mesh).
       nu: kinematic viscosity ν > 0 (1/Re in convective units).
       dt: time step Δt > 0.
-      boundary: Dirichlet velocity data ``u_b(x, y, z, t) -> (3, ...)`` written with jnp,
-        or None (no-slip walls); unused on a fully periodic mesh. It is static: problems
-        built with the same function object (not a new closure each time) share compiled
-        programs.
+      boundary: the conditions on the non-periodic boundary:
+        a dict ``{group: condition}`` over the mesh's boundary groups (``mesh.boundaries``),
+        each a :class:`~jaxsem.models.navier_stokes.boundary.Velocity` (given velocity or
+        no-slip) or an :class:`~jaxsem.models.navier_stokes.boundary.Outflow`, covering every
+        boundary face; or one velocity ``u_b(x, y, z, t) -> (3, ...)`` (jnp) on every boundary
+        face; or None (no-slip everywhere). Data functions are static: problems built with the
+        same function objects (not new closures each time) share compiled programs.
+      forces: names of boundary groups whose force :class:`StepInfo` reports each step.
       options: :class:`NSOptions`.
       backend, devices, comm, partition: as :func:`jaxsem.discretize`.
-    Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt`` or ``boundary``.
+    Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt``, ``boundary`` (unknown
+    groups, faces without a condition) or ``forces``.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -209,19 +226,44 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
         if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
                 or not (math.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-    if boundary is not None and not callable(boundary):
-        raise TypeError(f"boundary must be None or a callable u_b(x, y, z, t) -> (3, ...), got {boundary!r}")
+    if boundary is not None and not callable(boundary) and not isinstance(boundary, dict):
+        raise TypeError(f"boundary must be None, a dict {{group: Velocity | Outflow}} or a callable "
+                        f"u_b(x, y, z, t) -> (3, ...), got {boundary!r}")
+    forces = (forces,) if isinstance(forces, str) else tuple(forces)
+    unknown = [g for g in forces if g not in mesh.boundaries]
+    if unknown:
+        raise ValueError(f"forces names group(s) {unknown} the mesh does not have; its groups: "
+                         f"{sorted(mesh.boundaries)}")
     if not isinstance(options, NSOptions):
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
-    sem = discretize(mesh, dirichlet=True, backend=backend, devices=devices, comm=comm, partition=partition)
-    walls = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
-    pressure = helmholtz(pure_neumann(sem) if walls else sem, 1.0, 0.0, precond="pmg", options=options.pmg,
-                         nullspace=True)
-    if boundary is not None and walls:
-        probe = jax.eval_shape(boundary, sem.x[0], sem.x[1], sem.x[2], 0.0)
-        if probe.shape != (3,) + sem.x.shape[1:]:
-            raise ValueError(f"boundary must return (3, ...) shaped like its coordinates, got {probe.shape} "
-                             f"for coordinates {sem.x.shape[1:]}")
+    numbering = number_nodes(mesh)
+    kw = dict(backend=backend, devices=devices, comm=comm, partition=partition, numbering=numbering)
+    if isinstance(boundary, dict):
+        check_groups(mesh, numbering, boundary)
+        vel = tuple(g for g, c in boundary.items() if isinstance(c, Velocity))
+        sem = discretize(mesh, dirichlet=vel or False, **kw)
+        bc = resolve(sem, boundary)
+    else:
+        sem = discretize(mesh, dirichlet=True, **kw)
+        walls = float(sem.comm.allreduce(jnp.sum((sem.mask == 0) * sem.valid))) > 0
+        data = boundary is not None and walls
+        bc = Conditions(
+            velocity_weight=((1.0 - sem.mask) * sem.valid)[None] if data else jnp.zeros((0,) + sem.mask.shape, sem.x.dtype),
+            pressure_weight=jnp.zeros((0,) + sem.mask.shape, sem.x.dtype), velocity_data=(boundary,) if data else (),
+            pressure_data=(), flux_groups=(), velocity_groups=(), outflow_groups=(), walls=walls)
+    if bc.flux_groups:
+        raise NotImplementedError("Outflow.flux data are not supported yet")
+    if bc.outflow_groups:
+        pressure = helmholtz(with_dirichlet(sem, bc.outflow_groups), 1.0, 0.0, precond="pmg", options=options.pmg)
+    else:
+        pressure = helmholtz(pure_neumann(sem) if bc.walls else sem, 1.0, 0.0, precond="pmg", options=options.pmg,
+                             nullspace=True)
+    if bc.velocity_data:
+        for f in bc.velocity_data:
+            probe = jax.eval_shape(f, sem.x[0], sem.x[1], sem.x[2], 0.0)
+            if probe.shape != (3,) + sem.x.shape[1:]:
+                raise ValueError(f"boundary velocity data must return (3, ...) shaped like its coordinates, got "
+                                 f"{probe.shape} for coordinates {sem.x.shape[1:]}")
     n = sem.n
     if options.dealias:
         q = math.ceil(3 * n / 2)
@@ -233,9 +275,11 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | None = None,
         wd = jnp.asarray(basis.gll_points(sem.order)[1], sem.x.dtype)
     binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
     volume = float(sem.integrate(jnp.ones_like(sem.mask)))
+    fw = (jnp.stack([group_indicator(sem, (g,)) for g in forces]) if forces
+          else jnp.zeros((0,) + sem.mask.shape, sem.x.dtype))
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
-                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, options=options,
-                        boundary=boundary if walls else None, walls=walls, volume=volume)
+                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
+                        options=options, force_groups=forces, volume=volume)
 
 
 def _fields(s: SEM, Jd, Dd, wd):
@@ -288,18 +332,21 @@ def _weak_grad_t(s: SEM, R):
 
 def _lift(ns: NavierStokes, s: SEM, t):
     """The velocity data at time t on the Dirichlet nodes, 0 elsewhere: ``(3, E, n, n, n)``."""
-    if ns.boundary is None:
-        return jnp.zeros((3,) + s.mask.shape, s.x.dtype)
-    ub = jnp.asarray(ns.boundary(s.x[0], s.x[1], s.x[2], t), s.x.dtype)
-    return (1.0 - s.mask) * s.valid * ub
+    return ns.bc.velocity(s, t)
 
 
-def _pressure_solve(ns: NavierStokes, bp, p0):
-    """(∇q, ∇p) = bp on the pure-Neumann pressure space, p-multigrid PCG from ``p0``, the
-    solution orthogonal to the constants; ``(p with zero mean, PCGInfo)``. Rank-local."""
-    o = ns.options
-    p, info = solve_local(ns.pressure, bp, x0=p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter)
-    return p - ns.psem.integrate(p) / ns.volume, info
+def _pressure_solve(ns: NavierStokes, bp, p0, t):
+    """(∇q, ∇p) = bp with the pressure data at time ``t`` on the outflow nodes (lifted), or
+    pure Neumann (the solution orthogonal to the constants: zero mean), p-multigrid PCG from
+    ``p0``; ``(p, PCGInfo)``. Rank-local."""
+    o, P = ns.options, ns.pressure
+    pb = ns.bc.pressure(P.sem, t)
+    if pb is not None:
+        bp = bp - P.apply(pb)
+    p, info = solve_local(P, bp, x0=P.sem.mask * p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter)
+    if P.nullspace:
+        return p - ns.psem.integrate(p) / ns.volume, info
+    return (p if pb is None else p + pb), info
 
 
 def _velocity(ns: NavierStokes, h2) -> Helmholtz:
@@ -331,7 +378,7 @@ def _step_local(ns: NavierStokes, st: State):
         bp = bp - beta[0] / dt * (_weak_grad_t(s, L) + s.bmass * (g[0, 0] + g[1, 1] + g[2, 2]))
     # the pressure history is one level shorter than the velocity's (no p⁰): EXT of order min(step, k)
     pa = Atab[jnp.clip(jnp.minimum(st.step, st.past) - 1, 0, k - 1)]
-    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1))
+    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1), t1)
 
     # velocity: (β₀/Δt) B u + ν A u = B(Ub + Fx − ∇p), u = u₀ + L
     h2 = beta[0] / dt
@@ -345,7 +392,26 @@ def _step_local(ns: NavierStokes, st: State):
     u = u0 if L is None else u0 + L
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
-    return State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo)
+    force = _forces_local(ns, s, V, u, p, Ub + Fx)
+    return State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo, force)
+
+
+def _forces_local(ns: NavierStokes, s: SEM, V: Helmholtz, u, p, f):
+    """``(F, 3)`` the force of the flow on each group of ``ns.force_groups``: −∮ φ (ν∂u/∂n − p n),
+    the traction's integral read off the residual of the discrete momentum equation
+    (β₀/Δt B + νA)u − B f − (∇·(φ eᵢ), p) at the group's nodes (φ = 1 there, 0 at every other
+    node), as Nek computes drag and lift: it is exact for the discrete solution, needs no
+    normals, and converges faster than the surface integral of the traction. ``f``: the
+    explicit part of the right-hand side, Σβᵢuⁿ⁺¹⁻ⁱ/Δt + F (nodal, ``(3, E, n, n, n)``)."""
+    if not ns.force_groups:
+        return jnp.zeros((0, 3), s.x.dtype)
+    r = V.apply_elements(u) - s.bmass * f  # (3, E, n, n, n), element-local: φ is continuous
+    out = []
+    for phi in ns.force_weight:
+        dphi = _grad(s, phi[None])[:, 0]  # (3, E, n, n, n)
+        t = jnp.stack([jnp.sum(phi * r[i]) - jnp.sum(s.bmass * p * dphi[i]) for i in range(3)])
+        out.append(-s.comm.allreduce(t))
+    return jnp.stack(out)
 
 
 def step(ns: NavierStokes, state: State):
@@ -407,7 +473,7 @@ def _nodal(ns: NavierStokes, u, t, name):
     if not ns.walls:
         return s.valid * u
     t = jnp.asarray(t, s.x.dtype)
-    return s.valid * (s.mask * u + s.local_map(lambda s_, t_: _lift(ns, s_, t_), t))
+    return s.valid * (s.mask * u + s.local_map(lambda s_, bc, t_: bc.velocity(s_, t_), ns.bc, t))
 
 
 def _diagnostics_local(ns: NavierStokes, st: State):

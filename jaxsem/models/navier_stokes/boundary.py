@@ -1,0 +1,169 @@
+"""Boundary conditions of a flow, one per named boundary group of the mesh.
+
+A condition is a small frozen object (static: it is part of the compiled program, its
+data functions compared by identity):
+
+* :class:`Velocity` — the velocity is given, ``u = u_b(x, y, z, t)`` (an inflow, a moving
+  wall); ``Velocity()`` is a no-slip wall (:data:`NO_SLIP`).
+* :class:`Outflow` — the pressure is given, ``p = p_b`` (0 by default), and the viscous
+  flux ``ν ∂u/∂n = g`` (0 by default): Nek's ``O``, the "do-nothing" zero (pseudo-)traction
+  ``ν ∂u/∂n − p n = 0``; with data, the traction ``g − p_b n`` given by its pressure and
+  viscous parts.
+
+:func:`resolve` checks a ``{group: condition}`` mapping against the mesh and turns it into
+:class:`Conditions`: which groups carry the velocity's Dirichlet nodes and which the
+pressure's, and the nodal weights that spread each group's data onto its nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...discretization.sem import SEM, group_indicator
+from ...mesh.box import Mesh
+from ...mesh.numbering import Numbering
+
+__all__ = ["Velocity", "Outflow", "NO_SLIP", "Conditions", "resolve"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Velocity:
+    """The velocity given on the group: ``data(x, y, z, t) -> (3, ...)`` written with jnp
+    (coordinates shaped alike, ``t`` a scalar), or None for a no-slip wall (u = 0)."""
+
+    data: Callable | None = None
+
+    def __post_init__(self):
+        if self.data is not None and not callable(self.data):
+            raise TypeError(f"Velocity.data must be None or a callable u_b(x, y, z, t) -> (3, ...), got {self.data!r}")
+
+
+NO_SLIP = Velocity()
+
+
+@dataclasses.dataclass(frozen=True)
+class Outflow:
+    """An open boundary: the pressure ``p = pressure`` (a number, or ``p_b(x, y, z, t) -> (...)``)
+    and the viscous flux ``ν ∂u/∂n = flux(x, y, z, t) -> (3, ...)`` (None: 0). The defaults are
+    the zero-traction "do-nothing" outflow (Nek's ``O``)."""
+
+    pressure: Callable | float = 0.0
+    flux: Callable | None = None
+
+    def __post_init__(self):
+        p = self.pressure
+        if not callable(p) and (isinstance(p, bool) or not isinstance(p, (int, float)) or not np.isfinite(p)):
+            raise TypeError(f"Outflow.pressure must be a finite number or a callable p_b(x, y, z, t), got {p!r}")
+        if self.flux is not None and not callable(self.flux):
+            raise TypeError(f"Outflow.flux must be None or a callable g(x, y, z, t) -> (3, ...), got {self.flux!r}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Conditions:
+    """The boundary conditions of a flow on its discretization (pytree).
+
+    Attributes (E elements, n GLL points per axis):
+      velocity_weight: ``(G, E, n, n, n)`` the share of group g's velocity data at each
+        velocity Dirichlet node (where groups meet, their data are averaged), for the G
+        :class:`Velocity` groups with data; ``(0, ...)`` when none.
+      pressure_weight: ``(H, E, n, n, n)`` likewise for the H :class:`Outflow` groups with a
+        pressure other than 0.
+      velocity_data, pressure_data: static, the data functions (or numbers) of those groups.
+      flux_groups: static, ``(name, flux)`` of the outflow groups with viscous flux data.
+      velocity_groups, outflow_groups: static names: the velocity's Dirichlet groups and the
+        pressure's.
+      walls: static, the velocity has Dirichlet nodes (data or no-slip).
+    """
+
+    velocity_weight: jax.Array
+    pressure_weight: jax.Array
+    velocity_data: tuple = dataclasses.field(metadata=dict(static=True))
+    pressure_data: tuple = dataclasses.field(metadata=dict(static=True))
+    flux_groups: tuple = dataclasses.field(metadata=dict(static=True))
+    velocity_groups: tuple = dataclasses.field(metadata=dict(static=True))
+    outflow_groups: tuple = dataclasses.field(metadata=dict(static=True))
+    walls: bool = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def inflow(self) -> bool:
+        """Energy may enter or leave (velocity data or an open boundary)."""
+        return bool(self.velocity_data or self.outflow_groups)
+
+    def velocity(self, s: SEM, t):
+        """The velocity data at time ``t`` on the Dirichlet nodes, 0 elsewhere: ``(3, E, n, n, n)``
+        (rank-local)."""
+        out = jnp.zeros((3,) + s.mask.shape, s.x.dtype)
+        for w, f in zip(self.velocity_weight, self.velocity_data):
+            out = out + w * jnp.asarray(f(s.x[0], s.x[1], s.x[2], t), s.x.dtype)
+        return out
+
+    def pressure(self, s: SEM, t):
+        """The pressure data at time ``t`` on the outflow nodes, 0 elsewhere: ``(E, n, n, n)``
+        (rank-local); None when every outflow pressure is 0."""
+        if not self.pressure_data:
+            return None
+        out = jnp.zeros(s.mask.shape, s.x.dtype)
+        for w, f in zip(self.pressure_weight, self.pressure_data):
+            out = out + w * (jnp.asarray(f(s.x[0], s.x[1], s.x[2], t), s.x.dtype) if callable(f) else f)
+        return out
+
+
+def check_groups(mesh: Mesh, numbering: Numbering, boundary: dict) -> None:
+    """``ValueError`` unless ``boundary`` gives a condition to known groups that cover every
+    boundary face of ``mesh`` (naming the unknown groups, or the uncovered faces' count and the
+    groups not given)."""
+    if not isinstance(boundary, dict):
+        raise TypeError(f"boundary must be a dict {{group: Velocity | Outflow}}, got {type(boundary).__name__}")
+    unknown = [g for g in boundary if g not in mesh.boundaries]
+    if unknown:
+        raise ValueError(f"boundary names group(s) {unknown} the mesh does not have; its groups: "
+                         f"{sorted(mesh.boundaries)}")
+    for g, c in boundary.items():
+        if not isinstance(c, (Velocity, Outflow)):
+            raise TypeError(f"boundary[{g!r}] must be a Velocity or an Outflow, got {c!r}")
+    given = set()
+    for g in boundary:
+        rows = mesh.boundary(g)
+        given.update((rows[:, 0] * 6 + rows[:, 1]).tolist())
+    faces = numbering.boundary_faces
+    missing = [k for k in (faces[:, 0] * 6 + faces[:, 1]).tolist() if k not in given]
+    if missing:
+        rest = sorted(set(mesh.boundaries) - set(boundary))
+        raise ValueError(f"boundary gives no condition to {len(missing)} boundary face(s) (the first: face "
+                         f"{missing[0] % 6} of element {missing[0] // 6}); groups not given: {rest}")
+
+
+def resolve(sem: SEM, boundary: dict) -> Conditions:
+    """:class:`Conditions` of ``boundary`` (checked by :func:`check_groups`) on ``sem``, whose
+    Dirichlet nodes are the :class:`Velocity` groups' (host set-up)."""
+    vel = tuple(g for g, c in boundary.items() if isinstance(c, Velocity))
+    out = tuple(g for g, c in boundary.items() if isinstance(c, Outflow))
+    shape = sem.mask.shape
+    like = lambda k: jnp.zeros((k,) + shape, sem.x.dtype)
+    ind = {g: group_indicator(sem, (g,)) for g in vel}
+    data = [g for g in vel if boundary[g].data is not None]
+    if data:
+        total = sum(ind.values())
+        share = lambda g: ind[g] * (1 - sem.mask) / jnp.maximum(total, 1.0)
+        vw = jnp.stack([share(g) for g in data])
+    else:
+        vw = like(0)
+    pdata = [g for g in out if callable(boundary[g].pressure) or boundary[g].pressure != 0]
+    if pdata:
+        pind = {g: group_indicator(sem, (g,)) for g in out}
+        ptotal = sum(pind.values())
+        pw = jnp.stack([pind[g] / jnp.maximum(ptotal, 1.0) for g in pdata])
+    else:
+        pw = like(0)
+    return Conditions(
+        velocity_weight=vw, pressure_weight=pw,
+        velocity_data=tuple(boundary[g].data for g in data),
+        pressure_data=tuple(boundary[g].pressure for g in pdata),
+        flux_groups=tuple((g, boundary[g].flux) for g in out if boundary[g].flux is not None),
+        velocity_groups=vel, outflow_groups=out, walls=bool(vel))
