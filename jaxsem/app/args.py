@@ -20,6 +20,10 @@ BENCH_DEFAULTS = dict(order=7, elements=(8, 8, 8), iterations=100)
 MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
 PROBLEMS = ("poisson", "maxwell", "advection")
 TIME_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4")
+KOVASZNAY_DEFAULTS = dict(order=6, elements=(3, 4, 1), t_final=20.0, steady_tol=1e-9)
+# per DFG case: (t_final, sample) in seconds
+CYLINDER_DEFAULTS = {"2D-1": (30.0, 0.1), "2D-2": (8.0, 0.01), "3D-1Z": (30.0, 0.1)}
+CYLINDER_STEADY_TOL = 1e-5  # a steady case stops below this change; its coefficients settle well before
 
 
 class _Parser(argparse.ArgumentParser):
@@ -145,6 +149,7 @@ def build_parser() -> _Parser:
     t.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     t.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
     t.set_defaults(dtype="float64", deform=0.0)
+    _flow_parsers(probs)
     p.problem_parsers = probs.choices
 
     b = sub.add_parser("bench", help="bake-off kernel (bk1..bk6) or problem (bp1..bp6) throughput")
@@ -169,6 +174,57 @@ def build_parser() -> _Parser:
     i.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     p.commands = {"solve": s, "bench": b, "info": i, **{f"solve {k}": v for k, v in probs.choices.items()}}
     return p
+
+
+def _flow_parsers(probs) -> None:
+    """``solve kovasznay`` and ``solve cylinder``: Navier-Stokes with inflow, walls and an outflow."""
+    k = probs.add_parser("kovasznay", help="Kovasznay flow (Navier-Stokes, inflow and outflow) against its exact "
+                         "solution",
+                         description="Incompressible Navier-Stokes to the steady Kovasznay flow on "
+                         "[-0.5, 1] x [-0.5, 1.5] (periodic in z, one element deep by default): the exact velocity "
+                         "on xmin, ymin, ymax, an outflow on xmax; relative L2 errors of velocity and pressure.")
+    k.add_argument("--order", type=int, default=KOVASZNAY_DEFAULTS["order"],
+                   help=f"polynomial order p, 2..{MAX_ORDER} (default {KOVASZNAY_DEFAULTS['order']})")
+    k.add_argument("--elements", type=int, nargs=3, default=list(KOVASZNAY_DEFAULTS["elements"]), metavar="E",
+                   help="element counts Ex Ey Ez; z is Ez elements of the y width deep (default 3 4 1)")
+    k.add_argument("--reynolds", type=float, default=40.0, help="Reynolds number 1/nu (default 40)")
+    k.add_argument("--outflow", choices=("traction", "zero"), default="traction",
+                   help="on xmax: the exact traction (traction, default) or zero traction (zero: the error is "
+                        "then the boundary condition's)")
+    k.add_argument("--t-final", type=float, default=KOVASZNAY_DEFAULTS["t_final"],
+                   help="the latest time, a whole number of --sample (default 20)")
+    k.add_argument("--sample", type=float, default=0.1, help="interval of the steady-state check (default 0.1)")
+    k.add_argument("--steady-tol", type=float, default=KOVASZNAY_DEFAULTS["steady_tol"],
+                   help="stop at the first sample whose |u^{n+1} - u^n|/(dt |u|) is below this; 0: run to "
+                        "--t-final (default 1e-9)")
+    c = probs.add_parser("cylinder", help="DFG flow around a cylinder (Schaefer-Turek 2D-1, 2D-2, 3D-1Z) against "
+                         "the benchmark's drag, lift, pressure difference and Strouhal number",
+                         description="Incompressible Navier-Stokes around the DFG cylinder (Schaefer & Turek "
+                         "1996) on the Gmsh hex mesh (needs the gmsh package: pip install 'jaxsem[gmsh]'): "
+                         "steady 2D-1 and 3D-1Z to a steady state, periodic 2D-2 to --t-final.")
+    c.add_argument("--case", choices=tuple(CYLINDER_DEFAULTS), default="2D-1", help="benchmark case (default 2D-1)")
+    c.add_argument("--order", type=int, default=4, help=f"polynomial order p, 2..{MAX_ORDER} (default 4)")
+    c.add_argument("--level", type=int, default=0, help="mesh level 0..6, each doubles the divisions (default 0)")
+    c.add_argument("--t-final", type=float, default=None,
+                   help="the latest time (s), a whole number of --sample (default 30 for the steady cases, 8 for 2D-2)")
+    c.add_argument("--sample", type=float, default=None,
+                   help="interval (s) of the series and of the steady-state check (default 0.1; 0.01 for 2D-2)")
+    c.add_argument("--steady-tol", type=float, default=CYLINDER_STEADY_TOL,
+                   help="steady cases: stop at the first sample whose |u^{n+1} - u^n|/(dt |u|) is below this; "
+                        "0: run to --t-final (default 1e-5)")
+    c.add_argument("--out", metavar="DIR", default=None,
+                   help="write cylinder.csv (time, c_D, c_L, dp, change, cfl) and cylinder.png there")
+    c.add_argument("--vtu", metavar="PATH", default=None,
+                   help="write velocity and pressure at the end to this .vtu file")
+    for sp in (k, c):
+        sp.add_argument("--dt", type=float, default=None,
+                        help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
+        sp.add_argument("--cfl", type=float, default=0.4, help="CFL target for the default dt, 0 < cfl <= 1 "
+                        "(default 0.4)")
+        sp.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
+        sp.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+        sp.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+        sp.set_defaults(dtype="float64", deform=0.0, devices=None, transport=None)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -203,15 +259,16 @@ def _memory_limits() -> tuple[int, int | None]:
     return host, stats.get("bytes_limit")
 
 
-def _validate_memory(args, fail) -> None:
-    """Refuse a mesh that cannot fit before building it (an estimate, see memory_bytes)."""
+def _validate_memory(args, fail, count: int | None = None, name: str = "--elements") -> None:
+    """Refuse a mesh that cannot fit before building it (an estimate, see memory_bytes); ``count``
+    elements (default: the product of ``--elements``), the argument ``name`` blamed."""
     from ..discretization import memory_bytes
 
-    E = math.prod(args.elements)
+    E = math.prod(args.elements) if count is None else count
     problem = getattr(args, "problem", "poisson")
     if problem in ("maxwell", "advection"):
         q, components = args.order + 1, 6 if problem == "maxwell" else 1
-    elif problem == "tgv":  # dealiasing metrics on the 3/2 rule; BDF3/EXT3 history of u and N(u)
+    elif problem in ("tgv", "kovasznay", "cylinder"):  # 3/2-rule metrics; BDF3/EXT3 history of u and N(u)
         q, components = math.ceil(1.5 * (args.order + 1)), 6
     else:  # a bake-off problem: BPk / BKk, k odd scalar, even 3-vector; 1-4 Gauss, 5-6 GLL
         k = getattr(args, "bp", None) or int(problem[-1]) if problem[-1:].isdigit() else 5
@@ -221,10 +278,10 @@ def _validate_memory(args, fail) -> None:
     host, device = _memory_limits()
     gb = lambda b: f"{b / 1e9:.3g} GB"
     if device is not None and need / devices > device:
-        fail(f"argument --elements: {E} elements of order {args.order} need about {gb(need / devices)} "
+        fail(f"argument {name}: {E} elements of order {args.order} need about {gb(need / devices)} "
              f"per device, the device has {gb(device)}")
     if 2 * need > host:  # the host builds the mesh, numbering and plans before they move to devices
-        fail(f"argument --elements: {E} elements of order {args.order} need about {gb(2 * need)} of host "
+        fail(f"argument {name}: {E} elements of order {args.order} need about {gb(2 * need)} of host "
              f"memory to build, this machine has {gb(host)}")
 
 
@@ -265,10 +322,79 @@ def _validate_resume(args, fail) -> None:
         fail(f"argument --resume: {e}")
 
 
+def _validate_flow(args, fail) -> None:
+    """``solve kovasznay`` and ``solve cylinder``: ranges, whole numbers of steps, output paths, gmsh."""
+    if not 2 <= args.order <= MAX_ORDER:
+        fail(f"argument --order: must be an integer in 2..{MAX_ORDER} for Navier-Stokes, got {args.order}")
+    if args.problem == "kovasznay":
+        if any(e < 1 for e in args.elements):
+            fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
+        if not (math.isfinite(args.reynolds) and args.reynolds > 0):
+            fail(f"argument --reynolds: must be a finite number > 0, got {args.reynolds}")
+        count, name = math.prod(args.elements), "--elements"
+    else:
+        if not importlib.util.find_spec("gmsh"):
+            fail("argument --case: the DFG meshes are built with the gmsh Python API, which is not installed "
+                 "(pip install 'jaxsem[gmsh]')")
+        if not 0 <= args.level <= 6:
+            fail(f"argument --level: must be an integer in 0..6, got {args.level}")
+        t_final, sample = CYLINDER_DEFAULTS[args.case]
+        args.t_final = t_final if args.t_final is None else args.t_final
+        args.sample = sample if args.sample is None else args.sample
+        per_layer = 176 if args.case.startswith("2D") else 184  # jaxsem.mesh.dfg_2d / dfg_3d at level 0
+        layers = 1 if args.case.startswith("2D") else 4 * 2**args.level
+        count, name = per_layer * 4**args.level * layers, "--level"
+    for arg in ("t_final", "sample"):
+        v = getattr(args, arg)
+        if not (math.isfinite(v) and v > 0):
+            fail(f"argument --{arg.replace('_', '-')}: must be a finite number > 0, got {v}")
+    n = args.t_final / args.sample
+    if not math.isclose(round(n) * args.sample, args.t_final, rel_tol=1e-9, abs_tol=1e-12) or round(n) < 1:
+        fail(f"argument --t-final: must be a whole number of --sample ({args.sample:g}) intervals, "
+             f"got {args.t_final:g} ({n:.6g} intervals)")
+    if args.dt is not None:
+        if not (math.isfinite(args.dt) and 0 < args.dt <= args.sample):
+            fail(f"argument --dt: must satisfy 0 < dt <= --sample ({args.sample:g}), got {args.dt}")
+        k = args.sample / args.dt
+        if not math.isclose(round(k) * args.dt, args.sample, rel_tol=1e-9, abs_tol=1e-12):
+            fail(f"argument --dt: must divide --sample ({args.sample:g}) into whole steps, got dt = {args.dt:g} "
+                 f"({k:.6g} steps)")
+    if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
+        fail(f"argument --cfl: must satisfy 0 < cfl <= 1, got {args.cfl}")
+    if not (math.isfinite(args.steady_tol) and args.steady_tol >= 0):
+        fail(f"argument --steady-tol: must be a finite number >= 0 (0: run to --t-final), got {args.steady_tol}")
+    args.steady_tol = args.steady_tol or None
+    _validate_memory(args, fail, count, name)
+    if getattr(args, "backend", None) == "cuda":
+        from ..backends.cuda import cuda_available
+
+        if not cuda_available():
+            fail("argument --backend: 'cuda' needs a CUDA GPU as JAX's backend and nvcc (or $JAXSEM_CUDA_LIB)")
+    _validate_devices(args, fail)
+    if getattr(args, "out", None) is not None:
+        if not importlib.util.find_spec("matplotlib"):
+            fail("argument --out: the plot needs matplotlib (pip install matplotlib)")
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            fail(f"argument --out: {args.out!r} exists and is not a folder")
+        _validate_out_folder(args.out, ("cylinder.csv", "cylinder.png"), fail)
+    if getattr(args, "vtu", None):
+        from ..io import check_writable
+
+        if not importlib.util.find_spec("meshio"):
+            fail("argument --vtu: writing VTU needs meshio (pip install meshio)")
+        try:
+            check_writable(args.vtu, "output path")
+        except ValueError as e:
+            fail(f"argument --vtu: {e}")
+
+
 def validate(parser: _Parser, args) -> None:
     """Range checks argparse cannot do; one-line error and exit 2 on failure."""
     fail = parser.commands[f"solve {args.problem}" if args.command == "solve" else args.command].error
     if args.command == "info":
+        return
+    if args.command == "solve" and args.problem in ("kovasznay", "cylinder"):
+        _validate_flow(args, fail)
         return
     if not 1 <= args.order <= MAX_ORDER:
         fail(f"argument --order: must be an integer in 1..{MAX_ORDER}, got {args.order}")

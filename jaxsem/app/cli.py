@@ -23,7 +23,8 @@ import sys
 import warnings
 
 from .args import DEFAULTS, build_parser, validate, version  # DEFAULTS: the default problem, for callers
-from .report import report_advection, report_bench, report_info, report_maxwell, report_solve, report_tgv
+from .report import (report_advection, report_bench, report_cylinder, report_info, report_kovasznay, report_maxwell,
+                     report_solve, report_tgv)
 
 __all__ = ["main", "build_parser", "DEFAULTS"]
 
@@ -210,6 +211,21 @@ def _dispatch(args, log, quiet: bool):
                              vtu_every=args.vtu_every, progress=log, pmg_dtype=args.pmg_dtype,
                              progress_bar=not quiet and first)
             report = report_tgv
+        elif args.problem == "kovasznay":
+            from .kovasznay import run_kovasznay
+
+            result = run_kovasznay(args.order, args.elements, reynolds=args.reynolds, outflow=args.outflow,
+                                   t_final=args.t_final, dt=args.dt, cfl=args.cfl, sample=args.sample,
+                                   steady_tol=args.steady_tol, backend=args.backend, place=place, progress=log,
+                                   progress_bar=not quiet and first)
+            report = report_kovasznay
+        elif args.problem == "cylinder":
+            from .cylinder import run_cylinder
+
+            result = run_cylinder(args.case, args.order, args.level, t_final=args.t_final, dt=args.dt, cfl=args.cfl,
+                                  sample=args.sample, steady_tol=args.steady_tol, out=args.out, vtu=args.vtu,
+                                  backend=args.backend, place=place, progress=log)
+            report = report_cylinder
         elif args.problem == "maxwell":
             result = verify.verify_maxwell(args.order, args.elements, args.t_final, flux=args.flux, bc=args.bc,
                                            deform=args.deform, cfl=args.cfl, method=args.method,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_bench", "report_info"]
+__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_kovasznay", "report_cylinder",
+           "report_bench", "report_info"]
 
 def _fmt_device(r: dict) -> str:
     return r["platform"] if r["device"] == r["platform"] else f"{r['platform']} ({r['device']})"
@@ -113,6 +114,55 @@ def report_tgv(r: dict) -> str:
         f"iterations (last step); max CFL {fmt(max(c for c in r['cfl'] if c is not None))}",
         f"  device      {_fmt_where(r)}",
     ]
+    return "\n".join(lines)
+
+
+def _fmt_run(r: dict) -> str:
+    """How a Navier-Stokes run to a steady state or t_final went: status, steps, time."""
+    ends = dict(steady=f"steady at t = {r['t']:.4g} (change < {r['steady_tol']:g})", t_final=f"t_final {r['t']:g}",
+                no_period=f"t_final {r['t']:g}, no full period")
+    return (f"{ends.get(r['status'], r['status'])}: {r['steps']} steps in {r['seconds']:.2f} s including the first "
+            f"chunk's compilation ({1e3 * r['seconds_per_step']:.2f} ms per step), setup {r['setup_seconds']:.1f} s")
+
+
+def report_kovasznay(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [f"jaxsem {r['jaxsem_version']}: Kovasznay flow, Re {r['reynolds']:g}, {r['outflow']} outflow on xmax",
+             f"  mesh        order {r['order']}, {el} elements, {r['dofs']} points, BDF{r['time_order']}/EXT"
+             f"{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    return "\n".join(lines + [
+        f"  run         {_fmt_run(r)}",
+        f"  error       relative L2 velocity {r['error_l2_velocity']:.3e}, pressure {r['error_l2_pressure']:.3e}; "
+        f"divergence {_fmt_rate(r['divergence'])}, change {_fmt_rate(r['change'])}",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_cylinder(r: dict) -> str:
+    lines = [f"jaxsem {r['jaxsem_version']}: DFG cylinder {r['case']}, Re {r['reynolds']:g} (Schaefer & Turek 1996)",
+             f"  mesh        order {r['order']}, level {r['level']}, {r['elements']} elements, {r['dofs']} points, "
+             f"BDF{r['time_order']}/EXT{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    ref, ok = r["reference"], r["within_reference"]
+    fmt = lambda v: "-" if v is None else f"{v:.5g}"  # noqa: E731
+    names = dict(c_D="drag_coefficient", c_L="lift_coefficient", dp="delta_p", c_D_max="drag_coefficient_max",
+                 c_L_max="lift_coefficient_max", St="strouhal")
+    lines.append(f"  run         {_fmt_run(r)}")
+    lines.append(f"  final       c_D {fmt(r['drag_coefficient'])}, c_L {fmt(r['lift_coefficient'])}, "
+                 f"dp {fmt(r['delta_p'])} Pa, change {_fmt_rate(r['change'])}")
+    for key, (lo, hi) in ref.items():
+        v, name = r.get(names[key]), names[key]
+        band = f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
+        verdict = "-" if ok.get(name) is None else ("within" if ok[name] else "OUTSIDE")
+        dev = r["reference_deviation"].get(name)
+        off = "" if dev is None else f", {100 * dev:+.2f}% from its middle"
+        lines.append(f"  {key:<11} {fmt(v)} (reference {band}: {verdict}{off})")
+    if r.get("message"):
+        lines.append(f"  note        {r['message']}")
+    lines.append(f"  device      {_fmt_where(r)}")
     return "\n".join(lines)
 
 

@@ -248,8 +248,8 @@ def element_specs(tree, axis_name: str):
     indices: one block per device, concatenated) is split along its first axis.
     """
     def walk(node, blocks):
-        if node is None:
-            return None
+        if node is None or (isinstance(node, (tuple, list, dict)) and not node):
+            return node  # no leaves (an empty tuple is a leaf-less node, not a leaf)
         if jax.tree_util.treedef_is_leaf(jax.tree.structure(node)):
             if not isinstance(node, (jax.Array, np.ndarray)):
                 return PartitionSpec()  # numbers, functions: not split (local_map keeps them static)

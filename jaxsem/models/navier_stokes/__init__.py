@@ -19,8 +19,9 @@ Karniadakis, Israeli & Orszag 1991, in the form of Tomboulides, Lee & Orszag 199
    (β₀/Δt) B u + ν A u = B(Σᵢ βᵢ uⁿ⁺¹⁻ⁱ/Δt + F − ∇p), Dirichlet data lifted.
 
 The first steps ramp the order up (1, 2, …, k), as Nek does. Periodic axes come
-from the mesh; every other boundary face carries the velocity data ``boundary``
-(no-slip when None). :func:`step` and :func:`simulate` are pure and differentiable
+from the mesh; the other boundary faces carry a condition per named group
+(:mod:`.boundary`: given velocity, no-slip, or an outflow whose pressure is a Dirichlet
+condition of step 3 and whose viscous flux enters step 4), or one velocity on all of them. :func:`step` and :func:`simulate` are pure and differentiable
 (the solves by implicit differentiation); :func:`run` is the host driver (chunks,
 progress bar, NaN check naming the step, checkpoints that carry the BDF history, a
 time series of diagnostics). Sharded over devices or under MPI the same code runs
@@ -29,8 +30,10 @@ per rank inside :meth:`SEM.local_map`.
 
 from . import runs, scheme
 from .runs import Series, run
+from .boundary import NO_SLIP, Outflow, Velocity
 from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
-                     initial_state, setup, simulate, step, vorticity)
+                     initial_state, setup, simulate, step, surface_force, vorticity)
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
-           "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "run", "bdf_ext"]
+           "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "surface_force", "run", "bdf_ext",
+           "Velocity", "Outflow", "NO_SLIP"]

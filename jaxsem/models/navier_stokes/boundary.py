@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ...discretization import surface as surf_
 from ...discretization.sem import SEM, group_indicator
 from ...mesh.box import Mesh
 from ...mesh.numbering import Numbering
@@ -31,12 +32,17 @@ from ...mesh.numbering import Numbering
 __all__ = ["Velocity", "Outflow", "NO_SLIP", "Conditions", "resolve"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Velocity:
     """The velocity given on the group: ``data(x, y, z, t) -> (3, ...)`` written with jnp
-    (coordinates shaped alike, ``t`` a scalar), or None for a no-slip wall (u = 0)."""
+    (coordinates shaped alike, ``t`` a scalar), or None for a no-slip wall (u = 0).
+
+    ``params``: None, or a pytree of arrays (an inflow amplitude, a profile's coefficients)
+    passed as ``data(x, y, z, t, params)``; they are leaves of the flow problem, so ``jax.grad``
+    reaches them (:meth:`Conditions.with_params` replaces them)."""
 
     data: Callable | None = None
+    params: object = None
 
     def __post_init__(self):
         if self.data is not None and not callable(self.data):
@@ -74,7 +80,11 @@ class Conditions:
         :class:`Velocity` groups with data; ``(0, ...)`` when none.
       pressure_weight: ``(H, E, n, n, n)`` likewise for the H :class:`Outflow` groups with a
         pressure other than 0.
-      velocity_data, pressure_data: static, the data functions (or numbers) of those groups.
+      velocity_params: the :class:`Velocity` ``params`` of those groups (None where not given).
+      velocity_data, pressure_data: static, the data functions (or numbers) of those groups;
+      velocity_names: static, the names of the groups with velocity data.
+      surfaces: the :class:`~jaxsem.discretization.Surface` of each outflow group with viscous
+        flux data, in the order of ``flux_groups``.
       flux_groups: static, ``(name, flux)`` of the outflow groups with viscous flux data.
       velocity_groups, outflow_groups: static names: the velocity's Dirichlet groups and the
         pressure's.
@@ -83,12 +93,27 @@ class Conditions:
 
     velocity_weight: jax.Array
     pressure_weight: jax.Array
+    surfaces: tuple
+    velocity_params: tuple
     velocity_data: tuple = dataclasses.field(metadata=dict(static=True))
     pressure_data: tuple = dataclasses.field(metadata=dict(static=True))
     flux_groups: tuple = dataclasses.field(metadata=dict(static=True))
     velocity_groups: tuple = dataclasses.field(metadata=dict(static=True))
     outflow_groups: tuple = dataclasses.field(metadata=dict(static=True))
     walls: bool = dataclasses.field(metadata=dict(static=True))
+    velocity_names: tuple = dataclasses.field(default=(), metadata=dict(static=True))
+
+    def with_params(self, group: str, params) -> "Conditions":
+        """The same conditions with the velocity data ``params`` of ``group`` replaced (for
+        ``jax.grad`` w.r.t. an inflow's parameters: ``dataclasses.replace(ns, bc=ns.bc.with_params(…))``)."""
+        if group not in self.velocity_names:
+            raise ValueError(f"group {group!r} has no velocity data; groups with data: {list(self.velocity_names)}")
+        i = self.velocity_names.index(group)
+        if self.velocity_params[i] is None:
+            raise ValueError(f"the Velocity of group {group!r} was given without params")
+        ps = list(self.velocity_params)
+        ps[i] = jax.tree.map(jnp.asarray, params)
+        return dataclasses.replace(self, velocity_params=tuple(ps))
 
     @property
     def inflow(self) -> bool:
@@ -99,8 +124,22 @@ class Conditions:
         """The velocity data at time ``t`` on the Dirichlet nodes, 0 elsewhere: ``(3, E, n, n, n)``
         (rank-local)."""
         out = jnp.zeros((3,) + s.mask.shape, s.x.dtype)
-        for w, f in zip(self.velocity_weight, self.velocity_data):
-            out = out + w * jnp.asarray(f(s.x[0], s.x[1], s.x[2], t), s.x.dtype)
+        for w, f, a in zip(self.velocity_weight, self.velocity_data, self.velocity_params):
+            v = f(s.x[0], s.x[1], s.x[2], t) if a is None else f(s.x[0], s.x[1], s.x[2], t, a)
+            out = out + w * jnp.asarray(v, s.x.dtype)
+        return out
+
+    def flux(self, s: SEM, t):
+        """∮ v·g dA of the viscous flux data g at time ``t`` for each test function v (a node's):
+        ``(3, E, n, n, n)`` element contributions, not assembled (rank-local); None without flux data."""
+        if not self.flux_groups:
+            return None
+        like = jnp.zeros((3,) + s.mask.shape, s.x.dtype)
+        out = like
+        for sf, (_, f) in zip(self.surfaces, self.flux_groups):
+            xf = surf_.face_values(sf, s.x)  # (3, F, n, n)
+            g = jnp.asarray(f(xf[0], xf[1], xf[2], t), s.x.dtype)
+            out = out + surf_.face_scatter(sf, sf.weight * g, like)
         return out
 
     def pressure(self, s: SEM, t):
@@ -161,9 +200,12 @@ def resolve(sem: SEM, boundary: dict) -> Conditions:
         pw = jnp.stack([pind[g] / jnp.maximum(ptotal, 1.0) for g in pdata])
     else:
         pw = like(0)
+    fluxes = tuple((g, boundary[g].flux) for g in out if boundary[g].flux is not None)
     return Conditions(
-        velocity_weight=vw, pressure_weight=pw,
-        velocity_data=tuple(boundary[g].data for g in data),
+        velocity_weight=vw, pressure_weight=pw, surfaces=tuple(surf_.surface(sem, (g,)) for g, _ in fluxes),
+        velocity_params=tuple(None if boundary[g].params is None else jax.tree.map(jnp.asarray, boundary[g].params)
+                              for g in data),
+        velocity_data=tuple(boundary[g].data for g in data), velocity_names=tuple(data),
         pressure_data=tuple(boundary[g].pressure for g in pdata),
-        flux_groups=tuple((g, boundary[g].flux) for g in out if boundary[g].flux is not None),
+        flux_groups=fluxes,
         velocity_groups=vel, outflow_groups=out, walls=bool(vel))

@@ -1,0 +1,139 @@
+"""``jaxsem solve kovasznay`` and ``jaxsem solve cylinder``: JSON records, convergence in p against the
+exact Kovasznay flow, the DFG cylinder's outputs, arguments refused before any work."""
+
+import contextlib
+import csv
+import importlib.util
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxsem.app import cli
+from jaxsem.app.cylinder import shedding
+
+KOVASZNAY = ["solve", "kovasznay", "--elements", "3", "4", "1", "--t-final", "2.0", "--json", "-q"]
+
+
+def _json(capsys):
+    out, _ = capsys.readouterr()
+    assert out.count("\n") == 1 and out.endswith("\n")
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def kovasznay_runs():
+    """The records of p = 4 and p = 6 (exact traction) and p = 6 (zero traction), to t = 2."""
+    out = {}
+    for key, extra in (("p4", ["--order", "4"]), ("p6", ["--order", "6"]),
+                       ("p6_zero", ["--order", "6", "--outflow", "zero"])):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):  # a module fixture has no capsys
+            assert cli.main(KOVASZNAY + extra) == 0
+        out[key] = json.loads(buf.getvalue())
+    return out
+
+
+@pytest.mark.slow
+def test_kovasznay_error_falls_with_order(kovasznay_runs):
+    """Measured: 1.6e-3 at p = 4, 1.5e-5 at p = 6 (3x4x1 elements, the default CFL 0.4): ~100x."""
+    p4, p6 = kovasznay_runs["p4"], kovasznay_runs["p6"]
+    for r in (p4, p6):
+        assert r["problem"] == "kovasznay" and r["converged"] is True and r["status"] == "t_final"
+        assert r["t"] == pytest.approx(2.0) and r["steps"] == round(2.0 / r["dt"])
+        assert r["elements"] == [3, 4, 1] and r["outflow"] == "traction" and r["dofs"] > 0
+        assert r["seconds_per_step"] > 0 and r["setup_seconds"] > 0 and r["divergence"] < 1e-2
+        assert 0 < r["change"] < 1e-2 and 0 < r["cfl"] <= 0.4 + 1e-9
+    assert p4["error_l2_velocity"] < 3e-3 and p6["error_l2_velocity"] < 3e-5
+    assert p4["error_l2_velocity"] > 30 * p6["error_l2_velocity"]
+    assert p4["error_l2_pressure"] > 30 * p6["error_l2_pressure"]
+
+
+@pytest.mark.slow
+def test_kovasznay_zero_traction_is_the_larger_error(kovasznay_runs):
+    """Zero traction is not the exact flow's outflow condition: its error is the condition's."""
+    exact, zero = kovasznay_runs["p6"], kovasznay_runs["p6_zero"]
+    assert zero["outflow"] == "zero" and zero["converged"] is True
+    assert zero["error_l2_velocity"] > 10 * exact["error_l2_velocity"]
+    assert zero["error_l2_pressure"] > 10 * exact["error_l2_pressure"]
+
+
+@pytest.mark.slow
+def test_cylinder_2d1_short_run_and_files(capsys, tmp_path):
+    argv = ["solve", "cylinder", "--case", "2D-1", "--order", "3", "--level", "0", "--t-final", "0.2",
+            "--out", str(tmp_path), "--json", "-q"]
+    assert cli.main(argv) == 0
+    r = _json(capsys)
+    assert r["problem"] == "cylinder" and r["case"] == "2D-1" and r["converged"] is True
+    assert r["status"] == "t_final" and r["steps"] == round(0.2 / r["dt"]) and r["elements"] == 176
+    assert math.isfinite(r["drag_coefficient"]) and r["drag_coefficient"] > 0
+    assert math.isfinite(r["lift_coefficient"]) and r["delta_p"] > 0
+    assert r["reference"] == {"c_D": [5.57, 5.59], "c_L": [0.0104, 0.011], "dp": [0.1172, 0.1176]}
+    names = {"drag_coefficient", "lift_coefficient", "delta_p"}
+    assert set(r["within_reference"]) == set(r["reference_deviation"]) == names
+    assert r["seconds_per_step"] > 0 and r["setup_seconds"] > 0 and r["dofs"] > 0
+    with open(tmp_path / "cylinder.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0][:4] == ["time", "drag_coefficient", "lift_coefficient", "delta_p"] and len(rows) == 1 + 3
+    assert float(rows[-1][1]) == pytest.approx(r["drag_coefficient"], rel=1e-8)
+    assert (tmp_path / "cylinder.png").stat().st_size > 0
+
+
+def test_shedding_of_a_known_signal():
+    """St, c_D,max and c_L,max of a sampled sine with a growing onset: the period and the last maxima."""
+    D, U, f = 0.1, 1.0, 3.0  # St = D f / U = 0.3
+    t = np.arange(0, 4, 0.001)
+    onset = 1 - np.exp(-5 * t)  # settled in the last half, where the crossings are taken
+    lift = 0.5 + onset * np.sin(2 * np.pi * f * t)
+    drag = 3.0 + 0.2 * onset * np.sin(4 * np.pi * f * t + 0.3)
+    st, cd_max, cl_max = shedding(t, drag, lift, D, U)
+    assert st == pytest.approx(D * f / U, rel=2e-3)
+    assert cl_max == pytest.approx(1.5, rel=1e-4) and cd_max == pytest.approx(3.2, rel=1e-4)
+    assert shedding(t[:200], drag[:200], lift[:200], D, U) == (None, None, None)  # 0.2 s: no full period
+
+
+BAD = [
+    (["solve", "cylinder", "--case", "4D"], "--case"),
+    (["solve", "cylinder", "--level", "7"], "--level"),
+    (["solve", "cylinder", "--order", "1"], "--order"),
+    (["solve", "cylinder", "--case", "2D-2", "--t-final", "0.015"], "--t-final"),  # 1.5 samples of 0.01
+    (["solve", "cylinder", "--dt", "0.03"], "--dt"),  # does not divide the 0.1 sample
+    (["solve", "cylinder", "--cfl", "2"], "--cfl"),
+    (["solve", "kovasznay", "--order", "1"], "--order"),
+    (["solve", "kovasznay", "--outflow", "foo"], "--outflow"),
+    (["solve", "kovasznay", "--elements", "3", "4"], "--elements"),
+    (["solve", "kovasznay", "--elements", "3", "0", "1"], "--elements"),
+    (["solve", "kovasznay", "--reynolds", "-40"], "--reynolds"),
+    (["solve", "kovasznay", "--steady-tol", "nan"], "--steady-tol"),
+    (["solve", "kovasznay", "--t-final", "2.05"], "--t-final"),
+    (["solve", "kovasznay", "--elements", "400", "400", "400"], "--elements"),
+]
+
+
+def _no_work(monkeypatch):
+    def no_jax_work(*a, **k):
+        raise AssertionError("validation must happen before any JAX work")
+
+    monkeypatch.setattr("jaxsem.app.kovasznay.run_kovasznay", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.cylinder.run_cylinder", no_jax_work)
+
+
+@pytest.mark.parametrize("argv,name", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_refused_by_name(argv, name, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "error" in err and name in err
+
+
+def test_cylinder_without_gmsh_is_a_clear_argument_error(capsys, monkeypatch):
+    _no_work(monkeypatch)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gmsh" else find_spec(name, *a))
+    assert cli.main(["solve", "cylinder", "--order", "3"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert "--case" in err and "gmsh" in err and "pip install" in err

@@ -1,0 +1,203 @@
+"""Navier–Stokes boundary conditions per group: exact flows with inflow and outflow, forces,
+steady states, parameters and gradients (jaxsem/models/navier_stokes/boundary.py and scheme.py).
+
+Run as a script with ``shard P`` for the sharded-equals-serial check (in a subprocess,
+XLA_FLAGS set first)."""
+
+import dataclasses
+import json
+import os
+import sys
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[2]}"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsem as js
+from jaxsem.models import flows
+from jaxsem.models import navier_stokes as NS
+from jaxsem.models.navier_stokes import NO_SLIP, Outflow, Velocity
+
+sys.path.insert(0, os.path.dirname(__file__))
+import subproc  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+TIGHT = dict(pressure_tol=1e-11, velocity_tol=1e-12)
+KOV = flows.kovasznay(40.0)
+KOV_GRAD = flows.velocity_gradient(KOV.velocity)
+
+
+def _kov_flux(x, y, z, t):
+    return KOV.nu * KOV_GRAD(x, y, z, t)[0]  # ν ∂u/∂x: the outflow face's normal is +x
+
+
+def kovasznay(order, outflow="traction", devices=None, forces=()):
+    mesh = js.box_mesh((3, 4, 1), order, lengths=(1.5, 2.0, 0.25), origin=(-0.5, -0.5, 0.0),
+                       periodic=(False, False, True))
+    out = Outflow(pressure=KOV.pressure, flux=_kov_flux) if outflow == "traction" else Outflow()
+    bc = {"xmin": Velocity(KOV.velocity), "ymin": Velocity(KOV.velocity), "ymax": Velocity(KOV.velocity),
+          "xmax": out}
+    return NS.setup(mesh, KOV.nu, 0.01, boundary=bc, forces=forces, devices=devices, options=NS.NSOptions(**TIGHT))
+
+
+def _errors(ns, st):
+    s = ns.sem
+    ue, pe = KOV.velocity(*s.x, 0.0), KOV.pressure(*s.x)
+    return float(s.norm(st.u - ue) / s.norm(ue)), float(s.norm(st.p - pe) / s.norm(pe))
+
+
+@pytest.mark.slow
+def test_kovasznay_spectral_in_p():
+    """Velocity data on three sides, the exact traction (pressure and ν∂u/∂n) on the outflow:
+    the error of the (nearly) steady state falls spectrally, 4 → 6 by more than 50× (measured
+    1.6e-3 → 1.5e-5 for the velocity); zero traction instead leaves the boundary condition's
+    error, far larger than the solver's."""
+    res = {}
+    for order in (4, 6):
+        ns = kovasznay(order)
+        st, s, _ = NS.run(ns, NS.initial_state(ns, lambda x, y, z: KOV.velocity(x, y, z, 0.0)), 2.0,
+                          sample_interval=1.0)
+        res[order] = _errors(ns, st) + (float(s.divergence[-1]),)
+    assert res[4][0] / res[6][0] > 50 and res[6][0] < 3e-5, res
+    assert res[4][1] / res[6][1] > 50 and res[6][1] < 1e-4, res
+    assert res[6][2] < 5e-5, res
+    ns = kovasznay(6, outflow="zero")
+    st, _, _ = NS.run(ns, NS.initial_state(ns, lambda x, y, z: KOV.velocity(x, y, z, 0.0)), 1.0, sample_interval=1.0)
+    assert _errors(ns, st)[0] > 30 * res[6][0]
+
+
+U0, NU_CH = 1.5, 0.5
+
+
+def _poiseuille(x, y, z, t, a=U0):
+    """u = a(1 − y²) on y ∈ [−1, 1]: exact plane Poiseuille flow, p = −2νa x."""
+    return jnp.stack([a * (1 - y**2) + 0 * x, 0 * x, 0 * z])
+
+
+def channel(order=3, forces=("ymin",), params=False, devices=None, nu=NU_CH):
+    mesh = js.box_mesh((3, 3, 1), order, lengths=(2.0, 2.0, 0.5), origin=(0.0, -1.0, 0.0),
+                       periodic=(False, False, True), deform=0.0)
+    inflow = Velocity(_poiseuille, params=jnp.asarray(U0)) if params else Velocity(_poiseuille)
+    bc = {"xmin": inflow, "ymin": NO_SLIP, "ymax": NO_SLIP,
+          "xmax": Outflow(pressure=lambda x, y, z, t: -2 * nu * U0 * (x - 2.0))}
+    return NS.setup(mesh, nu, 0.02, boundary=bc, forces=forces, devices=devices, options=NS.NSOptions(**TIGHT))
+
+
+def test_poiseuille_exact_and_surface_force():
+    """Plane Poiseuille flow lies in the discrete space (p ≥ 2): started from it, the flow with
+    parabolic inflow, no-slip walls and the outflow's pressure stays exact, and the surface
+    integral of the traction on the wall y = −1 is the exact shear force 2νU·|wall| along x and
+    the pressure's −∫p dA along y."""
+    ns = channel(forces=())
+    st0 = NS.initial_state(ns, lambda x, y, z: _poiseuille(x, y, z, 0.0))
+    st = NS.simulate(ns, st0, 5)
+    s = ns.sem
+    ue = _poiseuille(*s.x, 0.0)
+    assert float(s.norm(st.u - ue) / s.norm(ue)) < 1e-9
+    pe = -2 * NU_CH * U0 * (s.x[0] - 2.0)
+    assert float(s.norm(st.p - pe) / s.norm(pe)) < 1e-8
+    shear = 2 * NU_CH * U0 * 2.0 * 0.5  # τ_w = ν|du/dy| = 2νU over the 2 × 0.5 wall, along +x
+    push = -2 * NU_CH * U0 * 1.0 * 1.0  # p averages 2νU·1 over the wall; it pushes the wall along −y
+    g = np.asarray(NS.surface_force(ns, st, "ymin"))
+    assert np.allclose(g, [shear, push, 0.0], rtol=1e-8, atol=1e-9 * shear), g
+
+
+def test_couette_residual_force_exact():
+    """Couette flow between a fixed wall y = −1 and one moving at U (periodic in x): the force on
+    each wall from the momentum residual (StepInfo) is the exact ±ν U/2 · |wall| along x and
+    equals the surface integral. (A group next to an open boundary also collects, through the
+    test function at its edge nodes, the traction of the neighbouring faces' first element row.)"""
+    mesh = js.box_mesh((3, 3, 1), 3, lengths=(2.0, 2.0, 0.5), origin=(0.0, -1.0, 0.0), periodic=(True, False, True),
+                       deform=0.0)
+    lid = lambda x, y, z, t: jnp.stack([U0 + 0 * x, 0 * y, 0 * z])  # noqa: E731
+    ns = NS.setup(mesh, NU_CH, 0.02, boundary={"ymin": NO_SLIP, "ymax": Velocity(lid)}, forces=("ymin", "ymax"),
+                  options=NS.NSOptions(**TIGHT))
+    exact = lambda x, y, z: jnp.stack([U0 * (1 + y) / 2, 0 * y, 0 * z])  # noqa: E731
+    st, info = NS.simulate(ns, NS.initial_state(ns, exact), 5, info=True)
+    f = np.asarray(info.force[-1])
+    tau = NU_CH * U0 / 2 * 2.0 * 0.5
+    assert np.allclose(f, [[tau, 0, 0], [-tau, 0, 0]], atol=1e-9), f
+    for i, g in enumerate(("ymin", "ymax")):
+        assert np.allclose(np.asarray(NS.surface_force(ns, st, g)), f[i], atol=1e-9)
+
+
+def test_steady_stop_and_errors():
+    """From rest, the channel flow reaches its steady state: run stops at the first sample whose
+    change is below steady_tol, before t_final, at the Poiseuille profile."""
+    ns = channel(forces=())
+    st0 = NS.initial_state(ns, lambda x, y, z: _poiseuille(x, y, z, 0.0) * jnp.where(x > 1e-12, 0.0, 1.0))
+    st, s, info = NS.run(ns, st0, 40.0, sample_interval=0.4, steady_tol=1e-6)
+    assert float(st.t) < 40.0 - 1e-9 and s.change[-1] < 1e-6 <= s.change[-2], s.change[-3:]
+    assert len(s.time) == info.steps // 20 + 1
+    ue = _poiseuille(*ns.sem.x, 0.0)
+    assert float(ns.sem.norm(st.u - ue) / ns.sem.norm(ue)) < 1e-4
+    with pytest.raises(ValueError, match="steady_tol"):
+        NS.run(ns, st0, 1.0, steady_tol=-1.0)
+
+
+def test_bad_boundaries_named():
+    mesh = js.box_mesh((2, 2, 1), 2, periodic=(False, False, True))
+    with pytest.raises(ValueError, match=r"\['inlet'\].*xmax"):
+        NS.setup(mesh, 0.1, 0.01, boundary={"inlet": NO_SLIP})
+    with pytest.raises(ValueError, match="no condition to 2 boundary face.*'ymax'"):
+        NS.setup(mesh, 0.1, 0.01, boundary={"xmin": NO_SLIP, "xmax": Outflow(), "ymin": NO_SLIP})
+    with pytest.raises(TypeError, match=r"boundary\['xmin'\] must be a Velocity or an Outflow"):
+        NS.setup(mesh, 0.1, 0.01, boundary={"xmin": 1.0})
+    with pytest.raises(ValueError, match="forces names group"):
+        NS.setup(mesh, 0.1, 0.01, forces=("cylinder",))
+    with pytest.raises(TypeError, match="Outflow.pressure"):
+        Outflow(pressure="zero")
+
+
+def test_gradients_of_the_wall_force():
+    """jax.grad of the wall force after 4 steps w.r.t. the inflow amplitude (a Velocity param)
+    and the viscosity equals central differences (start: a flow that is not the steady one)."""
+    ns = channel(params=True)
+    st0 = NS.initial_state(ns, lambda x, y, z: _poiseuille(x, y, z, 0.0) * (1 + 0.3 * jnp.sin(np.pi * x)))
+
+    def drag(a, nu):
+        n2 = dataclasses.replace(ns, nu=nu, bc=ns.bc.with_params("xmin", a))
+        _, info = NS.simulate(n2, st0, 4, info=True)
+        return info.force[-1, 0, 0]
+
+    a0, nu0 = jnp.asarray(U0), ns.nu
+    ga, gn = jax.grad(drag, argnums=(0, 1))(a0, nu0)
+    for g, (da, dn) in ((ga, (1e-5, 0.0)), (gn, (0.0, 1e-6))):
+        h = da + dn
+        fd = (drag(a0 + da, nu0 + dn) - drag(a0 - da, nu0 - dn)) / (2 * h)
+        assert abs(float(g) - float(fd)) < 1e-6 * abs(float(fd)), (float(g), float(fd))
+
+
+def _sharded(P):
+    from jaxsem.discretization import to_mesh_order
+    out = {}
+    for name, build in (("kovasznay", lambda d: kovasznay(4, forces=("ymax",), devices=d)),
+                        ("channel", lambda d: channel(devices=d))):
+        res = {}
+        for key, devices in (("serial", None), ("shard", P)):
+            ns = build(devices)
+            st0 = NS.initial_state(ns, lambda x, y, z: KOV.velocity(x, y, z, 0.0) if name == "kovasznay"
+                                   else _poiseuille(x, y, z, 0.0) * (1 + 0.3 * jnp.sin(np.pi * x)))
+            st, s, _ = NS.run(ns, st0, 0.08, sample_interval=0.04)
+            res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), s.force[-1])
+        (us, ps, fs), (ud, pd, fd) = res["serial"], res["shard"]
+        out[name] = dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
+                         p=float(np.max(np.abs(ps - pd)) / np.max(np.abs(ps))),
+                         force=float(np.max(np.abs(fs - fd)) / np.max(np.abs(fs))))
+    return out
+
+
+@pytest.mark.slow
+def test_sharded_equals_serial():
+    res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
+    for name, r in res.items():
+        assert r["u"] < 1e-10 and r["p"] < 1e-9 and r["force"] < 1e-9, (name, r)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
+    print("RESULT " + json.dumps(_sharded(int(sys.argv[2]))))
