@@ -88,21 +88,26 @@ def shedding(time_, drag, lift, diameter: float, mean_velocity: float, periods: 
 def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0, dt: float | None = None,
                  cfl: float = 0.4, sample: float = 0.1, steady_tol: float | None = 1e-5, out: str | None = None,
                  vtu: str | None = None, backend: str = "auto", place: dict | None = None,
-                 progress=lambda m: None) -> dict:
+                 mesh=None, progress=lambda m: None) -> dict:
     """Run DFG case ``name`` (``"2D-1"``, ``"2D-2"``, ``"3D-1Z"``) and compare with its reference.
 
     ``t_final`` a whole number of ``sample`` intervals; ``dt``: None picks the largest step with
     CFL ≤ ``cfl`` at the start (the inflow's peak velocity) that divides ``sample``;
     ``steady_tol``: the steady cases stop at the first sample whose ‖uⁿ⁺¹ − uⁿ‖/(Δt‖u‖) is below
     it (ignored for 2D-2). Coefficients c = ``coefficient_scale`` · F of the force F of the flow
-    on the cylinder (x: drag, y: lift; per unit depth in 2-D); Δp in Pa (ρ = 1).
+    on the cylinder (x: drag, y: lift; per unit depth in 2-D); Δp in Pa (ρ = 1). ``mesh``: the
+    case's mesh built before (``dfg_mesh(…, order, level)``, e.g. on a machine without gmsh), or
+    None to build it here.
     """
     case = CASES[name]
     geo = case.geometry
     place = place or {}
     tic = time.perf_counter()
     progress(f"DFG {name} (Re {case.reynolds:g}): order {order}, level {level}: meshing")
-    mesh = dfg.dfg_mesh("2D" if geo.dim == 2 else "3D", order, level)
+    if mesh is None:
+        mesh = dfg.dfg_mesh("2D" if geo.dim == 2 else "3D", order, level)
+    elif mesh.order != order:
+        raise ValueError(f"mesh has order {mesh.order}, the run asks for order {order}")
     z = mesh.x[2]
     depth = float(z.max() - z.min()) if geo.dim == 2 else 1.0  # the 2-D force is per this depth
     u_b = _inflow(name)
