@@ -79,13 +79,14 @@ def _poiseuille(x, y, z, t, a=U0):
     return jnp.stack([a * (1 - y**2) + 0 * x, 0 * x, 0 * z])
 
 
-def channel(order=3, forces=("ymin",), params=False, devices=None, nu=NU_CH):
+def channel(order=3, forces=("ymin",), params=False, devices=None, nu=NU_CH, probes=None):
     mesh = js.box_mesh((3, 3, 1), order, lengths=(2.0, 2.0, 0.5), origin=(0.0, -1.0, 0.0),
                        periodic=(False, False, True), deform=0.0)
     inflow = Velocity(_poiseuille, params=jnp.asarray(U0)) if params else Velocity(_poiseuille)
     bc = {"xmin": inflow, "ymin": NO_SLIP, "ymax": NO_SLIP,
           "xmax": Outflow(pressure=lambda x, y, z, t: -2 * nu * U0 * (x - 2.0))}
-    return NS.setup(mesh, nu, 0.02, boundary=bc, forces=forces, devices=devices, options=NS.NSOptions(**TIGHT))
+    return NS.setup(mesh, nu, 0.02, boundary=bc, forces=forces, devices=devices, probes=probes,
+                    options=NS.NSOptions(**TIGHT))
 
 
 def test_poiseuille_exact_and_surface_force():
@@ -105,6 +106,20 @@ def test_poiseuille_exact_and_surface_force():
     push = -2 * NU_CH * U0 * 1.0 * 1.0  # p averages 2νU·1 over the wall; it pushes the wall along −y
     g = np.asarray(NS.surface_force(ns, st, "ymin"))
     assert np.allclose(g, [shear, push, 0.0], rtol=1e-8, atol=1e-9 * shear), g
+
+
+def test_probe_series():
+    """The series records u, v, w, p at probe points (anywhere in an element) each sample: on the
+    exact Poiseuille flow, the exact values; a point outside the mesh is refused, named."""
+    pts = np.array([[0.5, 0.3, 0.25], [1.7, -0.8, 0.1], [2.0, 1.0, 0.0]])
+    ns = channel(forces=(), probes=pts)
+    st0 = NS.initial_state(ns, lambda x, y, z: _poiseuille(x, y, z, 0.0))
+    _, s, _ = NS.run(ns, st0, 0.08, sample_interval=0.04)
+    assert s.probe.shape == (3, 3, 4)
+    exact = np.stack([U0 * (1 - pts[:, 1] ** 2), 0 * pts[:, 0], 0 * pts[:, 0], -2 * NU_CH * U0 * (pts[:, 0] - 2.0)], 1)
+    assert np.abs(s.probe[-1] - exact).max() < 1e-8, s.probe[-1]
+    with pytest.raises(ValueError, match="outside"):
+        channel(forces=(), probes=[[3.0, 0.0, 0.1]])
 
 
 def test_couette_residual_force_exact():
@@ -171,6 +186,46 @@ def test_gradients_of_the_wall_force():
         h = da + dn
         fd = (drag(a0 + da, nu0 + dn) - drag(a0 - da, nu0 - dn)) / (2 * h)
         assert abs(float(g) - float(fd)) < 1e-6 * abs(float(fd)), (float(g), float(fd))
+
+
+def _bumped_channel(a, order=3):
+    """The channel with its wall y = −1 pushed in by a·sin(πx/2), the displacement fading to 0 at
+    y = 1 (inflow and outflow faces fixed): ``(mesh, mapping)``."""
+    def mapping(x):
+        y = x[1] + a * np.sin(np.pi * x[0] / 2) * (1 - x[1]) / 2
+        return np.stack([x[0], y, x[2]])
+    mesh = js.box_mesh((3, 3, 1), order, lengths=(2.0, 2.0, 0.5), origin=(0.0, -1.0, 0.0),
+                       periodic=(False, False, True), mapping=mapping)
+    return mesh
+
+
+@pytest.mark.slow
+def test_shape_gradient_of_the_wall_force():
+    """The shape derivative: jax.grad of the force on the bumped wall after 3 steps w.r.t. the
+    bump's amplitude, through NS.with_coordinates, equals central differences of problems set up
+    from scratch on the deformed meshes (their own preconditioners: the solves' tolerance sets
+    the difference's noise)."""
+    nu = NU_CH
+    bc = {"xmin": Velocity(_poiseuille), "ymin": NO_SLIP, "ymax": NO_SLIP,
+          "xmax": Outflow(pressure=lambda x, y, z, t: -2 * nu * U0 * (x - 2.0))}
+    make = lambda mesh: NS.setup(mesh, nu, 0.02, boundary=bc, forces=("ymin",),  # noqa: E731
+                                 options=NS.NSOptions(pressure_tol=1e-13, velocity_tol=1e-13))
+    u0 = lambda x, y, z: _poiseuille(x, y, z, 0.0) * (1 + 0.2 * jnp.sin(np.pi * x))  # noqa: E731
+    ns0 = make(_bumped_channel(0.0))
+    x0 = jnp.asarray(ns0.sem.x)
+    bump = jnp.stack([0 * x0[0], jnp.sin(np.pi * x0[0] / 2) * (1 - x0[1]) / 2, 0 * x0[2]])
+
+    def force(ns):
+        _, info = NS.simulate(ns, NS.initial_state(ns, u0), 3, info=True)
+        return info.force[-1, 0]
+
+    w = jnp.asarray([1.0, 0.5, 0.0])  # drag and lift together: one reverse pass
+    g = jax.grad(lambda a: w @ force(NS.with_coordinates(ns0, x0 + a * bump)))(0.0)
+    h = 1e-4
+    fp, fm = force(make(_bumped_channel(h))), force(make(_bumped_channel(-h)))
+    fd = (fp - fm) / (2 * h)
+    assert abs(float(g) - float(w @ fd)) < 1e-6 * abs(float(w @ fd)), (float(g), fd)
+    assert abs(float(fd[0])) > 1e-3 and abs(float(fd[1])) > 1e-3  # both components move: not a trivial zero
 
 
 def _sharded(P):

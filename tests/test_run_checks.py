@@ -54,7 +54,8 @@ def test_tgv_peak_dissipation_is_reported_only_where_reached():
 
     def series(eps):
         z = np.zeros_like(t)
-        return NS.Series(t, 0.125 - 0.01 * t, np.asarray(eps, float), z, z, z, z, z, z, z, z, z, np.zeros((len(t), 0, 3)))
+        return NS.Series(t, 0.125 - 0.01 * t, np.asarray(eps, float), z, z, z, z, z, z, z, z, z,
+                         np.zeros((len(t), 0, 3)), np.zeros((len(t), 0, 4)))
 
     rising = _compare(series([np.nan, 1.0, 2.0, 3.0, 4.0, 5.0]))
     assert rising["peak_dissipation"] is None and rising["peak_dissipation_time"] is None

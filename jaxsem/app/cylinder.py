@@ -24,7 +24,6 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from ..discretization import probes as probes_
 from ..io import atomic_output
 from ..mesh import cylinder as dfg
 from ..models import navier_stokes as NS
@@ -113,8 +112,11 @@ def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0
     u_b = _inflow(name)
     boundary = dict(inlet=Velocity(u_b), walls=NO_SLIP, cylinder=NO_SLIP, outlet=Outflow())
     u0 = lambda x, y, z: u_b(x, y, z, 0.0)  # noqa: E731
+    points = np.array(geo.dp_points, float)
+    if geo.dim == 2:
+        points[:, 2] = float(z.min()) + depth / 2
     setup = lambda step: NS.setup(mesh, nu=case.nu, dt=step, boundary=boundary, forces=("cylinder",),  # noqa: E731
-                                  backend=backend, **place)
+                                  probes=points, backend=backend, **place)
     if dt is None:
         probe = setup(1.0)
         dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
@@ -122,10 +124,6 @@ def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0
     else:
         ns = setup(dt)
     st = NS.initial_state(ns, u0)
-    points = np.array(geo.dp_points, float)
-    if geo.dim == 2:
-        points[:, 2] = float(z.min()) + depth / 2
-    pr = probes_.locate(ns.sem, points)
     setup_seconds = time.perf_counter() - tic
     steady = name in STEADY
     tol = steady_tol if steady else None
@@ -138,27 +136,19 @@ def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0
                 pressure_tol=ns.options.pressure_tol, velocity_tol=ns.options.velocity_tol,
                 backend=ns.sem.backend.name, setup_seconds=setup_seconds,
                 reference={k: list(v) for k, v in case.reference.items()}, **_where(ns.sem))
-    opts = RunOptions(progress=False)
     scale = case.coefficient_scale / depth
-    dp = lambda s: (lambda v: float(v[0] - v[1]))(probes_.evaluate(ns.sem, pr, s.p))  # noqa: E731
-    rows, steps, seconds, status = [], 0, 0.0, "t_final"
     try:
-        for k in range(1, samples + 1):
-            st, s, info = NS.run(ns, st, k * sample, sample_interval=sample, options=opts)
-            if not rows:
-                rows.append((s.time[0], np.nan, np.nan, np.nan, np.nan, s.cfl[0]))
-            f = scale * s.force[-1, 0]
-            rows.append((s.time[-1], f[0], f[1], dp(st), s.change[-1], s.cfl[-1]))
-            steps, seconds = steps + info.steps, seconds + info.seconds
-            if k % max(1, samples // 20) == 0:
-                progress(f"t {rows[-1][0]:.4g}: c_D {f[0]:.5g}, c_L {f[1]:.5g}, dp {rows[-1][3]:.5g}, "
-                         f"change {s.change[-1]:.2e}")
-            if tol is not None and s.change[-1] < tol:
-                status = "steady"
-                break
-    except (NonFiniteError, RunStopped) as e:  # a RunStopped counts the flow's steps, NonFiniteError the call's
-        at = e.step if isinstance(e, RunStopped) else steps + e.step
-        return dict(base, converged=False, status=e.status, steps=at, t=e.t, message=str(e))
+        st, s, info = NS.run(ns, st, samples * sample, sample_interval=sample, steady_tol=tol,
+                             options=RunOptions(progress=False))
+    except (NonFiniteError, RunStopped) as e:  # one run from step 0: both count the flow's steps
+        return dict(base, converged=False, status=e.status, steps=e.step, t=e.t, message=str(e))
+    f = scale * s.force[:, 0]
+    rows = np.stack([s.time, f[:, 0], f[:, 1], s.probe[:, 0, 3] - s.probe[:, 1, 3], s.change, s.cfl], 1)
+    rows[0, 1:5] = np.nan  # the start: no step, no force
+    steps, seconds = info.steps, info.seconds
+    status = "steady" if tol is not None and s.change[-1] < tol else "t_final"
+    progress(f"t {rows[-1, 0]:.4g}: c_D {rows[-1, 1]:.5g}, c_L {rows[-1, 2]:.5g}, dp {rows[-1, 3]:.5g}, "
+             f"change {rows[-1, 4]:.2e} ({status})")
     series = np.array(rows, float)  # time, c_D, c_L, dp, change, cfl
     last = lambda c: None if not math.isfinite(series[-1, c]) else float(series[-1, c])  # noqa: E731
     record = dict(base, converged=True, status=status, steps=steps, t=float(st.t), seconds=seconds,

@@ -119,9 +119,10 @@ def report_tgv(r: dict) -> str:
 
 def _fmt_run(r: dict) -> str:
     """How a Navier-Stokes run to a steady state or t_final went: status, steps, time."""
-    ends = dict(steady=f"steady at t = {r['t']:.4g} (change < {r['steady_tol']:g})", t_final=f"t_final {r['t']:g}",
-                no_period=f"t_final {r['t']:g}, no full period")
-    return (f"{ends.get(r['status'], r['status'])}: {r['steps']} steps in {r['seconds']:.2f} s including the first "
+    ends = dict(steady=lambda: f"steady at t = {r['t']:.4g} (change < {r['steady_tol']:g})",
+                t_final=lambda: f"t_final {r['t']:g}", no_period=lambda: f"t_final {r['t']:g}, no full period")
+    end = ends[r["status"]]() if r["status"] in ends else r["status"]
+    return (f"{end}: {r['steps']} steps in {r['seconds']:.2f} s including the first "
             f"chunk's compilation ({1e3 * r['seconds_per_step']:.2f} ms per step), setup {r['setup_seconds']:.1f} s")
 
 

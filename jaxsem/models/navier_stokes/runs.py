@@ -31,8 +31,9 @@ class Series(NamedTuple):
     ``pressure_iterations`` and ``velocity_iterations``, the largest true relative
     residuals ``pressure_residual`` and ``velocity_residual``, and ``failed_solves`` (solves
     that missed their tolerance: :func:`run` stops at the first); ``force: (samples, F, 3)`` the
-    force on each of ``ns.force_groups`` at the sample's time (:class:`StepInfo`). The first row
-    (the start) has NaN for the per-step columns and forces."""
+    force on each of ``ns.force_groups`` at the sample's time (:class:`StepInfo`); ``probe:
+    (samples, P, 4)`` the velocity (3) and pressure (1) at each of ``ns.probes``' points. The first
+    row (the start) has NaN for the per-step columns and forces."""
 
     time: np.ndarray
     kinetic_energy: np.ndarray
@@ -47,17 +48,31 @@ class Series(NamedTuple):
     velocity_residual: np.ndarray
     failed_solves: np.ndarray
     force: np.ndarray
+    probe: np.ndarray
 
 
-_SCALARS = len(Series._fields) - 1  # the scalar columns (all but force)
+_SCALARS = len(Series._fields) - 2  # the scalar columns (all but force and probe)
 _PER_STEP = [Series._fields.index(c) for c in ("dissipation", "change", "pressure_iterations",
                                                "velocity_iterations", "pressure_residual", "velocity_residual",
                                                "failed_solves")]
 
 
+def _num_probes(ns: NavierStokes) -> int:
+    return 0 if ns.probes is None else ns.probes.num_points
+
+
 def _columns(ns: NavierStokes) -> int:
-    """Row length: the scalar columns, the first failed step of the sample (0: none), 3 per force group."""
-    return _SCALARS + 1 + 3 * len(ns.force_groups)
+    """Row length: the scalar columns, the first failed step of the sample (0: none), 3 per force
+    group, 4 per probe."""
+    return _SCALARS + 1 + 3 * len(ns.force_groups) + 4 * _num_probes(ns)
+
+
+def _probe_values(ns: NavierStokes, st: State):
+    """``(4P,)`` u, v, w, p at each probe, point by point (none: ``(0,)``)."""
+    if ns.probes is None:
+        return jnp.zeros((0,), st.t.dtype)
+    from ...discretization import probes as probes_
+    return probes_.evaluate(ns.sem, ns.probes, jnp.concatenate([st.u, st.p[None]])).T.ravel()
 _ROW_BLOCK = 16  # series rows are allocated in multiples of this
 
 
@@ -93,7 +108,7 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
     three = -(3 * e0 - 4 * e1 + e2) / (2 * ns.dt)
     diss = jnp.where(count >= 2, three, -(e0 - e1) / ns.dt)
     row = jnp.concatenate([jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, _change(ns, st), *tally]),
-                           force.ravel()])
+                           force.ravel(), _probe_values(ns, st)])
     rows = rows.at[(m0 + count + chunk - 1) // chunk].set(row)
     return st, rows
 
@@ -109,8 +124,9 @@ def _change(ns: NavierStokes, st: State):
 def _row0(ns: NavierStokes, st: State):
     d = diagnostics(ns, st)
     zero = jnp.zeros((), st.t.dtype)  # no step yet: the per-step columns are undefined (NaN in the Series)
-    return jnp.stack([st.t, d.kinetic_energy, zero, d.enstrophy, d.divergence, d.cfl]
-                     + [zero] * (_columns(ns) - 6))
+    row = jnp.stack([st.t, d.kinetic_energy, zero, d.enstrophy, d.divergence, d.cfl]
+                    + [zero] * (_columns(ns) - 6 - 4 * _num_probes(ns)))
+    return jnp.concatenate([row, _probe_values(ns, st)])
 
 
 def _whole_steps(span: float, dt: float, name: str) -> int:
@@ -193,9 +209,11 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
                                        check=check, until=until, names=("state", "series"))
     r = np.array(rows)[:-(-info.step // chunk) + 1]
     r[0, _PER_STEP] = np.nan
-    force = r[:, _SCALARS + 1:].reshape(len(r), len(ns.force_groups), 3)
+    nf = 3 * len(ns.force_groups)
+    force = r[:, _SCALARS + 1:_SCALARS + 1 + nf].reshape(len(r), len(ns.force_groups), 3)
     force[0] = np.nan
-    return state, Series(*(r[:, c] for c in range(_SCALARS)), force), info
+    probe = r[:, _SCALARS + 1 + nf:].reshape(len(r), _num_probes(ns), 4)
+    return state, Series(*(r[:, c] for c in range(_SCALARS)), force, probe), info
 
 
 def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):

@@ -24,7 +24,7 @@ from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
-           "surface_force", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
+           "surface_force", "with_coordinates", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
 
 def bdf_ext(k: int):
     """``(β, a)`` of BDFk/EXTk for a fixed step: β = (β₀, β₁, …, β_k) with
@@ -115,6 +115,8 @@ class NavierStokes:
       bc: the boundary :class:`~jaxsem.models.navier_stokes.boundary.Conditions`.
       force_weight: ``(F, E, n, n, n)`` 1 on the nodes of each boundary group whose force
         :class:`StepInfo` reports (static names in ``force_groups``), ``(0, ...)`` when none.
+      probes: the :class:`~jaxsem.discretization.probes.Probes` whose velocity and pressure
+        :func:`run`'s series records at every sample, or None.
       options: static :class:`NSOptions`; volume: static |Ω|.
     """
 
@@ -127,6 +129,7 @@ class NavierStokes:
     Brx: jax.Array = dataclasses.field(metadata=dict(pad=0))
     bc: Conditions
     force_weight: jax.Array
+    probes: object
     options: NSOptions = dataclasses.field(metadata=dict(static=True))
     force_groups: tuple = dataclasses.field(metadata=dict(static=True))
     volume: float = dataclasses.field(metadata=dict(static=True))
@@ -199,7 +202,7 @@ class Diagnostics(NamedTuple):
 
 
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None = None,
-          forces=(), options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
+          forces=(), probes=None, options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
           partition=None) -> NavierStokes:
     """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
 
@@ -215,6 +218,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
         face; or None (no-slip everywhere). Data functions are static: problems built with the
         same function objects (not new closures each time) share compiled programs.
       forces: names of boundary groups whose force :class:`StepInfo` reports each step.
+      probes: ``(P, 3)`` points (in the mesh) whose velocity and pressure :func:`run`'s series
+        records at every sample (``Series.probe``), or None.
       options: :class:`NSOptions`.
       backend, devices, comm, partition: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt``, ``boundary`` (unknown
@@ -264,22 +269,47 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
             if probe.shape != (3,) + sem.x.shape[1:]:
                 raise ValueError(f"boundary velocity data must return (3, ...) shaped like its coordinates, got "
                                  f"{probe.shape} for coordinates {sem.x.shape[1:]}")
-    n = sem.n
-    if options.dealias:
-        q = math.ceil(3 * n / 2)
-        rule = geo.quadrature(sem.order, "gauss", q=q)
-        Jd, Dd, wd = (jnp.asarray(a, sem.x.dtype) for a in (rule.J, rule.Dt, rule.w))
-    else:
-        Jd = jnp.eye(n, dtype=sem.x.dtype)
-        Dd = sem.D
-        wd = jnp.asarray(basis.gll_points(sem.order)[1], sem.x.dtype)
+    Jd, Dd, wd = _dealias_rule(sem.order, sem.n, options.dealias, sem.x.dtype)
     binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
     volume = float(sem.integrate(jnp.ones_like(sem.mask)))
     fw = (jnp.stack([group_indicator(sem, (g,)) for g in forces]) if forces
           else jnp.zeros((0,) + sem.mask.shape, sem.x.dtype))
+    located = None
+    if probes is not None:
+        from ...discretization import probes as probes_
+        located = probes_.locate(sem, np.asarray(probes, dtype=np.float64).reshape(-1, 3))
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
                         dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
+                        probes=located,
                         options=options, force_groups=forces, volume=volume)
+
+
+def _dealias_rule(order: int, n: int, dealias: bool, dtype):
+    """``(Jd, Dd, wd)``: GLL → the convection's quadrature (the 3/2 Gauss rule, or the GLL nodes)."""
+    if dealias:
+        rule = geo.quadrature(order, "gauss", q=math.ceil(3 * n / 2))
+        return tuple(jnp.asarray(a, dtype) for a in (rule.J, rule.Dt, rule.w))
+    gll = geo.quadrature(order, "gll")
+    return (jnp.eye(n, dtype=dtype), jnp.asarray(gll.Dt, dtype), jnp.asarray(basis.gll_points(order)[1], dtype))
+
+
+def with_coordinates(ns: NavierStokes, x) -> NavierStokes:
+    """The same flow problem on moved nodes ``x: (3, E, n, n, n)`` (same topology, groups and
+    data): every geometric quantity is recomputed from ``x`` with jnp, so ``jax.grad`` through a
+    run on the result gives shape derivatives (e.g. of the drag w.r.t. a body's surface moved
+    into the volume). The pressure preconditioner is kept (built for the old nodes: the solves
+    converge to the new operator's solution all the same); ``ns.volume`` (diagnostics and the
+    pure-Neumann pressure's mean) stays the old one."""
+    sem = ns.sem.with_coordinates(x)
+    psem = ns.pressure.sem.with_coordinates(x)
+    Jd, Dd, wd = _dealias_rule(sem.order, sem.n, ns.options.dealias, sem.x.dtype)
+    binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
+    bc = ns.bc
+    if bc.surfaces:
+        from ...discretization import surface as sf
+        bc = dataclasses.replace(bc, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in bc.surfaces))
+    return dataclasses.replace(ns, sem=sem, pressure=dataclasses.replace(ns.pressure, sem=psem), binv=binv,
+                               Brx=Brx, bc=bc)
 
 
 def _fields(s: SEM, Jd, Dd, wd):
