@@ -228,17 +228,33 @@ def test_shape_gradient_of_the_wall_force():
     assert abs(float(fd[0])) > 1e-3 and abs(float(fd[1])) > 1e-3  # both components move: not a trivial zero
 
 
+def _dfg_inflow(x, y, z, t):
+    from jaxsem.mesh import DFG_2D_1
+    x, y, z = jnp.broadcast_arrays(x, y, z)
+    u = DFG_2D_1.inflow(y)
+    return jnp.stack([u, 0 * u, 0 * u])
+
+
+def cylinder(devices=None):
+    """The DFG 2-D channel with its cylinder (level 0, order 2, one element deep), Re 20."""
+    from jaxsem.mesh import DFG_2D_1, dfg_mesh
+    bc = dict(inlet=Velocity(_dfg_inflow), walls=NO_SLIP, cylinder=NO_SLIP, outlet=Outflow())
+    return NS.setup(dfg_mesh("2D", 2, 0), DFG_2D_1.nu, 0.01, boundary=bc, forces=("cylinder",), devices=devices,
+                    options=NS.NSOptions(**TIGHT))
+
+
 def _sharded(P):
     from jaxsem.discretization import to_mesh_order
     out = {}
+    starts = dict(kovasznay=lambda x, y, z: KOV.velocity(x, y, z, 0.0),
+                  channel=lambda x, y, z: _poiseuille(x, y, z, 0.0) * (1 + 0.3 * jnp.sin(np.pi * x)),
+                  cylinder=lambda x, y, z: _dfg_inflow(x, y, z, 0.0))
     for name, build in (("kovasznay", lambda d: kovasznay(4, forces=("ymax",), devices=d)),
-                        ("channel", lambda d: channel(devices=d))):
+                        ("channel", lambda d: channel(devices=d)), ("cylinder", cylinder)):
         res = {}
         for key, devices in (("serial", None), ("shard", P)):
             ns = build(devices)
-            st0 = NS.initial_state(ns, lambda x, y, z: KOV.velocity(x, y, z, 0.0) if name == "kovasznay"
-                                   else _poiseuille(x, y, z, 0.0) * (1 + 0.3 * jnp.sin(np.pi * x)))
-            st, s, _ = NS.run(ns, st0, 0.08, sample_interval=0.04)
+            st, s, _ = NS.run(ns, NS.initial_state(ns, starts[name]), 0.08, sample_interval=0.04)
             res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), s.force[-1])
         (us, ps, fs), (ud, pd, fd) = res["serial"], res["shard"]
         out[name] = dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
@@ -249,7 +265,11 @@ def _sharded(P):
 
 @pytest.mark.slow
 def test_sharded_equals_serial():
+    """Kovasznay (velocity and outflow data, viscous flux), the channel (inflow parameters) and the
+    DFG cylinder (a Gmsh mesh made periodic, forces on the body) sharded over 3 devices: serial."""
+    pytest.importorskip("gmsh")
     res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
+    assert set(res) == {"kovasznay", "channel", "cylinder"}
     for name, r in res.items():
         assert r["u"] < 1e-10 and r["p"] < 1e-9 and r["force"] < 1e-9, (name, r)
 

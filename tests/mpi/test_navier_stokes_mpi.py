@@ -118,9 +118,26 @@ def _channel(comm):
     return NS.setup(mesh, NU_CH, 0.02, boundary=bc, forces=("ymin",), comm=comm, options=TIGHT)
 
 
+def _dfg_inflow(x, y, z, t):
+    from jaxsem.mesh import DFG_2D_1
+    x, y, z = jnp.broadcast_arrays(x, y, z)
+    u = DFG_2D_1.inflow(y)
+    return jnp.stack([u, 0 * u, 0 * u])
+
+
+def _cylinder(comm):
+    """The DFG 2-D channel with its cylinder (Gmsh, level 0, order 2, periodic in z), Re 20."""
+    pytest.importorskip("gmsh")
+    from jaxsem.mesh import DFG_2D_1, dfg_mesh
+    bc = dict(inlet=Velocity(_dfg_inflow), walls=NO_SLIP, cylinder=NO_SLIP, outlet=Outflow())
+    return NS.setup(dfg_mesh("2D", 2, 0), DFG_2D_1.nu, 0.01, boundary=bc, forces=("cylinder",), comm=comm,
+                    options=TIGHT)
+
+
 BOUNDARY_CASES = {
     "kovasznay": (_kovasznay, lambda x, y, z: KOV.velocity(x, y, z, 0.0)),
     "channel": (_channel, lambda x, y, z: _poiseuille(x, y, z, 0.0) * (1 + 0.3 * jnp.sin(np.pi * x))),
+    "cylinder": (_cylinder, lambda x, y, z: _dfg_inflow(x, y, z, 0.0)),
 }
 
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ...discretization import probes as probes_
 from ...discretization.shard import replicated
 from ...io.checkpoint import (checkpoint_meta, checkpoint_shapes, load_checkpoint, meta_mismatch, tree_fields,
                              tree_from_fields)
@@ -71,7 +72,6 @@ def _probe_values(ns: NavierStokes, st: State):
     """``(4P,)`` u, v, w, p at each probe, point by point (none: ``(0,)``)."""
     if ns.probes is None:
         return jnp.zeros((0,), st.t.dtype)
-    from ...discretization import probes as probes_
     return probes_.evaluate(ns.sem, ns.probes, jnp.concatenate([st.u, st.p[None]])).T.ravel()
 _ROW_BLOCK = 16  # series rows are allocated in multiples of this
 

@@ -13,15 +13,17 @@ import numpy as np
 
 from ...core import basis
 from ...core import geometry as geo
+from ...discretization import probes as probes_
+from ...discretization import surface as sf
 from ...discretization.sem import SEM, discretize, group_indicator, with_dirichlet
 from ...discretization.shard import replicated
 from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
 from ...mesh.box import Mesh
 from ...mesh.numbering import number_nodes
-from .boundary import Conditions, Outflow, Velocity, check_groups, resolve
 from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
+from .boundary import Conditions, Velocity, check_groups, resolve
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
            "surface_force", "with_coordinates", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
@@ -276,7 +278,6 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
           else jnp.zeros((0,) + sem.mask.shape, sem.x.dtype))
     located = None
     if probes is not None:
-        from ...discretization import probes as probes_
         located = probes_.locate(sem, np.asarray(probes, dtype=np.float64).reshape(-1, 3))
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
                         dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
@@ -306,7 +307,6 @@ def with_coordinates(ns: NavierStokes, x) -> NavierStokes:
     binv, Brx = sem.local_map(_fields, Jd, Dd, wd)
     bc = ns.bc
     if bc.surfaces:
-        from ...discretization import surface as sf
         bc = dataclasses.replace(bc, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in bc.surfaces))
     return dataclasses.replace(ns, sem=sem, pressure=dataclasses.replace(ns.pressure, sem=psem), binv=binv,
                                Brx=Brx, bc=bc)
@@ -535,7 +535,6 @@ def surface_force(ns: NavierStokes, state: State, group: str):
     −∮ (−p n + ν(∇u + ∇uᵀ)n) dA of the traction of ``state`` (density 1; n out of the flow).
     A check of the residual force of :class:`StepInfo`, which converges faster: the velocity
     gradient here is element-local and read on the boundary."""
-    from ...discretization import surface as sf
     surf = sf.surface(ns.sem, (group,))
     g = ns.sem.local_map(lambda s, u: _grad(s, u), state.u)  # g[i, j] = ∂u_j/∂x_i
     gf, pf, nf = sf.face_values(surf, g), sf.face_values(surf, state.p), surf.normal
