@@ -20,7 +20,7 @@ import pytest
 import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
-from jaxsem.models.navier_stokes import NO_SLIP, Outflow, Velocity
+from jaxsem.models.navier_stokes import NO_SLIP, Outflow, Symmetry, Velocity
 
 sys.path.insert(0, os.path.dirname(__file__))
 import subproc  # noqa: E402
@@ -155,13 +155,43 @@ def test_steady_stop_and_errors():
         NS.run(ns, st0, 1.0, steady_tol=-1.0)
 
 
+def test_symmetry_plane():
+    """Half the Poiseuille channel, y ∈ [−1, 0], with a symmetry plane on the centre line y = 0:
+    the exact flow stays exact (u ≠ 0 on the plane: not a wall) with the full channel's shear on
+    its wall, a disturbed start keeps v = 0 on the plane and u free there. A symmetry
+    group that is not an axis-aligned plane is refused, named."""
+    nu = NU_CH
+    mesh = js.box_mesh((3, 2, 1), 3, lengths=(2.0, 1.0, 0.5), origin=(0.0, -1.0, 0.0), periodic=(False, False, True))
+    bc = {"xmin": Velocity(_poiseuille), "ymin": NO_SLIP, "ymax": Symmetry(),
+          "xmax": Outflow(pressure=lambda x, y, z, t: -2 * nu * U0 * (x - 2.0))}
+    ns = NS.setup(mesh, nu, 0.02, boundary=bc, forces=("ymin",), options=NS.NSOptions(**TIGHT))
+    assert ns.bc.symmetry_groups == (("ymax", 1),)
+    st, info = NS.simulate(ns, NS.initial_state(ns, lambda x, y, z: _poiseuille(x, y, z, 0.0)), 4, info=True)
+    s = ns.sem
+    ue = _poiseuille(*s.x, 0.0)
+    assert float(s.norm(st.u - ue) / s.norm(ue)) < 1e-9
+    assert abs(float(NS.surface_force(ns, st, "ymin")[0]) - 2 * nu * U0 * 2.0 * 0.5) < 1e-8
+    assert bool(jnp.all(info.velocity.converged))
+    wobble = lambda x, y, z: _poiseuille(x, y, z, 0.0) + 0.2 * jnp.stack(  # noqa: E731
+        [jnp.sin(np.pi * x) * (1 + y), jnp.sin(np.pi * x) * (1 + y), 0 * z])
+    st = NS.simulate(ns, NS.initial_state(ns, wobble), 3)
+    on = np.asarray(jnp.abs(s.x[1]) < 1e-12)
+    assert np.abs(np.asarray(st.u[1])[on]).max() < 1e-14  # v = 0 on the plane
+    assert np.abs(np.asarray(st.u[0])[on]).min() > 0.5  # u is not held
+    bump = lambda x: np.stack([x[0], x[1] + 0.05 * np.sin(np.pi * x[0] / 2) * (1 + x[1]), x[2]])  # noqa: E731
+    bent = js.box_mesh((3, 2, 1), 3, lengths=(2.0, 1.0, 0.5), origin=(0.0, -1.0, 0.0), periodic=(False, False, True),
+                       mapping=bump)
+    with pytest.raises(ValueError, match="symmetry group 'ymax' is not a plane"):
+        NS.setup(bent, nu, 0.02, boundary=bc)
+
+
 def test_bad_boundaries_named():
     mesh = js.box_mesh((2, 2, 1), 2, periodic=(False, False, True))
     with pytest.raises(ValueError, match=r"\['inlet'\].*xmax"):
         NS.setup(mesh, 0.1, 0.01, boundary={"inlet": NO_SLIP})
     with pytest.raises(ValueError, match="no condition to 2 boundary face.*'ymax'"):
         NS.setup(mesh, 0.1, 0.01, boundary={"xmin": NO_SLIP, "xmax": Outflow(), "ymin": NO_SLIP})
-    with pytest.raises(TypeError, match=r"boundary\['xmin'\] must be a Velocity or an Outflow"):
+    with pytest.raises(TypeError, match=r"boundary\['xmin'\] must be a Velocity, an Outflow or a Symmetry"):
         NS.setup(mesh, 0.1, 0.01, boundary={"xmin": 1.0})
     with pytest.raises(ValueError, match="forces names group"):
         NS.setup(mesh, 0.1, 0.01, forces=("cylinder",))

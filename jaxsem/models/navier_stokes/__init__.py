@@ -30,10 +30,10 @@ per rank inside :meth:`SEM.local_map`.
 
 from . import runs, scheme
 from .runs import Series, run
-from .boundary import NO_SLIP, Outflow, Velocity
+from .boundary import NO_SLIP, Outflow, Symmetry, Velocity
 from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
                      initial_state, setup, simulate, step, surface_force, vorticity, with_coordinates)
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "surface_force", "with_coordinates", "run", "bdf_ext",
-           "Velocity", "Outflow", "NO_SLIP"]
+           "Velocity", "Outflow", "Symmetry", "NO_SLIP"]

@@ -5,6 +5,8 @@ data functions compared by identity):
 
 * :class:`Velocity` — the velocity is given, ``u = u_b(x, y, z, t)`` (an inflow, a moving
   wall); ``Velocity()`` is a no-slip wall (:data:`NO_SLIP`).
+* :class:`Symmetry` — a plane of symmetry normal to a coordinate axis: the normal velocity is
+  0 and the tangential components are free (zero shear); the pressure has no condition.
 * :class:`Outflow` — the pressure is given, ``p = p_b`` (0 by default), and the viscous
   flux ``ν ∂u/∂n = g`` (0 by default): Nek's ``O``, the "do-nothing" zero (pseudo-)traction
   ``ν ∂u/∂n − p n = 0``; with data, the traction ``g − p_b n`` given by its pressure and
@@ -27,9 +29,13 @@ import numpy as np
 from ...discretization import surface as surf_
 from ...discretization.sem import SEM, group_indicator
 from ...mesh.box import Mesh
-from ...mesh.numbering import Numbering
+from ...mesh.numbering import Numbering, face_slice
 
-__all__ = ["Velocity", "Outflow", "NO_SLIP", "Conditions", "resolve"]
+__all__ = ["Velocity", "Outflow", "Symmetry", "NO_SLIP", "Conditions", "resolve", "SYMMETRY_TOL"]
+
+# A symmetry group's nodes lie on one plane x_a = const when their spread along axis a is below
+# this times the mesh's bounding-box diagonal.
+SYMMETRY_TOL = 1e-10
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,6 +75,12 @@ class Outflow:
             raise TypeError(f"Outflow.flux must be None or a callable g(x, y, z, t) -> (3, ...), got {self.flux!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Symmetry:
+    """A plane of symmetry normal to a coordinate axis (found from the group's nodes): u·n = 0,
+    ν ∂u_t/∂n = 0 for the tangential components, no pressure condition."""
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Conditions:
@@ -89,6 +101,9 @@ class Conditions:
       velocity_groups, outflow_groups: static names: the velocity's Dirichlet groups and the
         pressure's.
       walls: static, the velocity has Dirichlet nodes (data or no-slip).
+      component_mask: ``(3, E, n, n, n)`` the velocity's mask per component where symmetry
+        planes hold one component (the normal one) at 0, ``(0, ...)`` when there are none.
+      symmetry_groups: static ``(name, axis)`` of the :class:`Symmetry` groups.
     """
 
     velocity_weight: jax.Array
@@ -101,7 +116,9 @@ class Conditions:
     velocity_groups: tuple = dataclasses.field(metadata=dict(static=True))
     outflow_groups: tuple = dataclasses.field(metadata=dict(static=True))
     walls: bool = dataclasses.field(metadata=dict(static=True))
+    component_mask: jax.Array | None = None
     velocity_names: tuple = dataclasses.field(default=(), metadata=dict(static=True))
+    symmetry_groups: tuple = dataclasses.field(default=(), metadata=dict(static=True))
 
     def with_params(self, group: str, params) -> "Conditions":
         """The same conditions with the velocity data ``params`` of ``group`` replaced (for
@@ -164,8 +181,8 @@ def check_groups(mesh: Mesh, numbering: Numbering, boundary: dict) -> None:
         raise ValueError(f"boundary names group(s) {unknown} the mesh does not have; its groups: "
                          f"{sorted(mesh.boundaries)}")
     for g, c in boundary.items():
-        if not isinstance(c, (Velocity, Outflow)):
-            raise TypeError(f"boundary[{g!r}] must be a Velocity or an Outflow, got {c!r}")
+        if not isinstance(c, (Velocity, Outflow, Symmetry)):
+            raise TypeError(f"boundary[{g!r}] must be a Velocity, an Outflow or a Symmetry, got {c!r}")
     given = set()
     for g in boundary:
         rows = mesh.boundary(g)
@@ -183,6 +200,7 @@ def resolve(sem: SEM, boundary: dict) -> Conditions:
     Dirichlet nodes are the :class:`Velocity` groups' (host set-up)."""
     vel = tuple(g for g, c in boundary.items() if isinstance(c, Velocity))
     out = tuple(g for g, c in boundary.items() if isinstance(c, Outflow))
+    sym = tuple((g, symmetry_axis(sem.source.mesh, g)) for g, c in boundary.items() if isinstance(c, Symmetry))
     shape = sem.mask.shape
     like = lambda k: jnp.zeros((k,) + shape, sem.x.dtype)
     ind = {g: group_indicator(sem, (g,)) for g in vel}
@@ -208,4 +226,24 @@ def resolve(sem: SEM, boundary: dict) -> Conditions:
         velocity_data=tuple(boundary[g].data for g in data), velocity_names=tuple(data),
         pressure_data=tuple(boundary[g].pressure for g in pdata),
         flux_groups=fluxes,
-        velocity_groups=vel, outflow_groups=out, walls=bool(vel))
+        velocity_groups=vel, outflow_groups=out, walls=bool(vel), symmetry_groups=sym,
+        component_mask=jnp.stack([sem.mask * (1.0 - group_indicator(sem, tuple(g for g, a in sym if a == c)))
+                                  for c in range(3)]) if sym else None)
+
+
+def symmetry_axis(mesh: Mesh, group: str) -> int:
+    """The axis a whose coordinate is constant on the nodes of boundary ``group``'s faces (within
+    :data:`SYMMETRY_TOL` times the mesh's diagonal); ``ValueError`` naming the group if none is."""
+    rows = mesh.boundary(group)
+    pts = [mesh.x[:, rows[rows[:, 1] == f, 0]][(slice(None), slice(None)) + face_slice(f, mesh.order)[1:]]
+           .reshape(3, -1) for f in range(6) if (rows[:, 1] == f).any()]
+    if not pts:
+        raise ValueError(f"symmetry group {group!r} has no faces")
+    pts = np.concatenate(pts, axis=1)
+    spread = pts.max(axis=1) - pts.min(axis=1)
+    diag = float(np.linalg.norm(mesh.x.reshape(3, -1).max(axis=1) - mesh.x.reshape(3, -1).min(axis=1)))
+    flat = np.nonzero(spread <= SYMMETRY_TOL * diag)[0]
+    if len(flat) != 1:
+        raise ValueError(f"symmetry group {group!r} is not a plane normal to a coordinate axis (the spread of "
+                         f"its nodes along x, y, z: {[float(f'{v:.3g}') for v in spread]}); Symmetry needs one")
+    return int(flat[0])

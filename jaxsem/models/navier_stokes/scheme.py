@@ -384,6 +384,28 @@ def _velocity(ns: NavierStokes, h2) -> Helmholtz:
     return Helmholtz.of(ns.sem, ns.nu, h2)
 
 
+def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
+    """The velocity solve where symmetry planes hold some components: one solve per component,
+    each with its own Dirichlet nodes (``ns.bc.component_mask``); ``w``: the element right-hand
+    side. Returns the homogeneous part ``(3, E, n, n, n)`` and the :class:`PCGInfo` of the three
+    (most iterations, largest residuals, converged only if all did)."""
+    o, m = ns.options, ns.bc.component_mask
+    us, infos = [], []
+    for c in range(3):
+        V = Helmholtz.of(s.with_mask(m[c], s.dirichlet), ns.nu, h2)
+        b = m[c] * s.dssum(w[c])
+        if L is not None:
+            b = b - V.apply(L[c])
+        u, info = solve_local(V, b, x0=m[c] * ux[c], tol=o.velocity_tol, maxiter=o.velocity_maxiter)
+        us.append(u)
+        infos.append(info)
+    merge = {"converged": lambda a: jnp.all(a, axis=0), "breakdown": lambda a: jnp.any(a, axis=0),
+             "history": lambda a: jnp.nanmax(a, axis=0)}
+    info = PCGInfo(*(merge.get(f, lambda a: jnp.max(a, axis=0))(jnp.stack([getattr(i, f) for i in infos]))
+                     for f in PCGInfo._fields))
+    return jnp.stack(us), info
+
+
 def _step_local(ns: NavierStokes, st: State):
     s, ps, o = ns.sem, ns.psem, ns.options
     k, dt = o.time_order, ns.dt
@@ -420,7 +442,10 @@ def _step_local(ns: NavierStokes, st: State):
     x0 = s.mask * ux
     if L is not None:
         bv = bv - V.apply(L)
-    u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
+    if ns.bc.symmetry_groups:
+        u0, vinfo = _velocity_by_component(ns, s, h2, w if g is None else w + g, ux, L)
+    else:
+        u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
     u = u0 if L is None else u0 + L
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
@@ -502,10 +527,11 @@ def _nodal(ns: NavierStokes, u, t, name):
         raise ValueError(f"{name} must give shape {(3,) + s.mask.shape}, got {u.shape}")
     if not isinstance(u, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(u))):
         raise ValueError(f"{name} has NaN/Inf values")
-    if not ns.walls:
+    if not ns.walls and ns.bc.component_mask is None:
         return s.valid * u
     t = jnp.asarray(t, s.x.dtype)
-    return s.valid * (s.mask * u + s.local_map(lambda s_, bc, t_: bc.velocity(s_, t_), ns.bc, t))
+    m = s.mask if ns.bc.component_mask is None else ns.bc.component_mask
+    return s.valid * (m * u + s.local_map(lambda s_, bc, t_: bc.velocity(s_, t_), ns.bc, t))
 
 
 def _diagnostics_local(ns: NavierStokes, st: State):
