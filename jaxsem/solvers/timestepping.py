@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["METHODS", "LowStorageTableau", "ButcherTableau", "tableau", "rk_step", "advance_fn", "integrate",
+__all__ = ["METHODS", "LowStorageTableau", "ButcherTableau", "tableau", "rk_step", "advance_fn", "integrate", "checkpointed_scan",
            "Checkpointing", "REMATS", "stability_function", "stability_radius", "imaginary_axis_limit",
            "spectral_radius", "cfl_dt"]
 
@@ -299,8 +299,6 @@ def integrate(
     if not isinstance(checkpointing, Checkpointing):
         raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
     num_steps = _check_steps(num_steps)
-    c = checkpointing.chunk(num_steps)
-    remat = checkpointing.remat
 
     def stepper(rhs):
         def one(y, m):
@@ -316,14 +314,27 @@ def integrate(
     # forward and backward loops keep values and recomputation apart: no CSE barrier needed.
     one = stepper(f if effects else jax.checkpoint(f, prevent_cse=False))
 
+    y, obs = checkpointed_scan(one, y0, num_steps, checkpointing)
+    return (y, obs) if observe is not None else y
+
+
+def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpointing = Checkpointing()):
+    """``lax.scan(one, y0, jnp.arange(num_steps))`` under the reverse-mode memory schedule
+    ``checkpointing`` (:class:`Checkpointing`): ``one(y, m) -> (y, obs)`` is step ``m``.
+    Returns ``(y, obs)`` with ``obs`` stacked over the steps. Values do not depend on the
+    schedule; a step with ordered effects (MPI messages) is recomputed through a custom VJP."""
+    if not isinstance(checkpointing, Checkpointing):
+        raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
+    num_steps = _check_steps(num_steps)
+    c = checkpointing.chunk(num_steps)
     steps = jnp.arange(num_steps)
     if c is None:
-        y, obs = jax.lax.scan(one, y0, steps)
-        return (y, obs) if observe is not None else y
-
+        return jax.lax.scan(one, y0, steps)
+    remat = checkpointing.remat
+    effects = jax.make_jaxpr(one)(y0, steps[0]).effects
     nchunk, rest = divmod(num_steps, c)
     ms = steps[: nchunk * c].reshape(nchunk, c)
-    chunk = lambda y, ms: jax.lax.scan(one, y, ms)
+    chunk = lambda y, ms: jax.lax.scan(one, y, ms)  # noqa: E731
     if remat == "checkpoint" or (remat == "auto" and not effects):
         y, obs = jax.lax.scan(jax.checkpoint(chunk), y0, ms)
     else:
@@ -334,7 +345,7 @@ def integrate(
     if rest:
         y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
         obs = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), obs, obs2)
-    return (y, obs) if observe is not None else y
+    return y, obs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -23,6 +23,7 @@ from ...mesh.numbering import number_nodes
 from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
+from ...solvers.timestepping import Checkpointing, checkpointed_scan
 from .boundary import Conditions, Velocity, check_groups, resolve
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
@@ -476,12 +477,19 @@ def step(ns: NavierStokes, state: State):
     return ns.sem.local_map(lambda _, ns, st: _step_local(ns, st), ns, state)
 
 
-def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = False):
-    """``num_steps`` steps as one ``lax.scan`` (pure, differentiable; for ``jax.grad`` through
-    short runs). Returns the final state; with ``info=True`` ``(state, StepInfo)``, the
-    :class:`StepInfo` of every step stacked (``converged: (num_steps,)`` and so on), so that a
-    loss can see whether its solves converged (return it as ``has_aux``). An adjoint solve that
-    misses its tolerance warns (:class:`jaxsem.solvers.pcg.AdjointNotConvergedWarning`)."""
+def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = False,
+             checkpointing: Checkpointing = Checkpointing()):
+    """``num_steps`` steps as one ``lax.scan`` (pure, differentiable). Returns the final state;
+    with ``info=True`` ``(state, StepInfo)``, the :class:`StepInfo` of every step stacked
+    (``converged: (num_steps,)`` and so on), so that a loss can see whether its solves converged
+    (return it as ``has_aux``). An adjoint solve that misses its tolerance warns
+    (:class:`jaxsem.solvers.pcg.AdjointNotConvergedWarning`).
+
+    ``checkpointing``: the memory schedule of ``jax.grad`` through the steps
+    (:class:`jaxsem.solvers.timestepping.Checkpointing`): the default keeps every step's
+    residuals (memory ∝ ``num_steps``); ``Checkpointing("sqrt")`` stores one state (with its
+    BDF/EXT history) per chunk of ⌈√num_steps⌉ steps and recomputes each chunk in the reverse
+    pass, for one more forward run. Values and gradients do not depend on it."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
 
@@ -489,7 +497,7 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
         st, i = step(ns, st)
         return st, (i if info else None)
 
-    st, infos = jax.lax.scan(body, state, None, length=int(num_steps))
+    st, infos = checkpointed_scan(body, state, int(num_steps), checkpointing)
     return (st, infos) if info else st
 
 
