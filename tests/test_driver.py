@@ -12,7 +12,7 @@ import pytest
 from jaxsem.io import checkpoint_shapes, load_checkpoint
 from jaxsem.solvers import driver
 from jaxsem.solvers import timestepping as ts
-from jaxsem.solvers.stops import NonFiniteError, RunInterrupted
+from jaxsem.solvers.stops import NonFiniteError, RunInterrupted, Terminated, raise_on_signal
 
 # A damped rotation with forcing: y' = A y + (sin t, 0).
 A = jnp.array([[-0.1, 2.0], [-2.0, -0.1]])
@@ -142,6 +142,32 @@ def test_stop_signal_ends_the_run_after_the_chunk_and_its_checkpoint(tmp_path, s
     # without a checkpoint file the message says so
     with pytest.raises(RunInterrupted, match="no checkpoint was written"):
         driver.drive(advance, Y0, 300, dt=dt, t0=0.0, label="lserk4", options=driver.RunOptions(chunk_steps=chunk))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("sig, exc", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_stop_signal_lost_in_a_callback_still_ends_the_run_before_its_steps(sig, exc):
+    """Python drops an exception raised inside a callback it cannot unwind (``__del__``, XLA's
+    garbage-collector callback): a Ctrl-C that lands there during the set-up still ends the run,
+    before any step, with the exception the handler raised."""
+
+    class RaisesOnDelete:
+        def __del__(self):
+            raise_on_signal(sig)
+
+    obj = RaisesOnDelete()
+    del obj  # "Exception ignored in ...": the handler's exception is lost
+    calls = []
+
+    def advance(y, args, m0, count):
+        calls.append(int(m0))
+        return y
+
+    with pytest.raises(exc):
+        driver.drive(advance, Y0, 10, dt=0.1, t0=0.0, label="unit")
+    assert calls == []
+    y, info = driver.drive(advance, Y0, 10, dt=0.1, t0=0.0, label="unit")  # the signal counted once
+    assert info.steps == 10 and calls == [0]
 
 
 def test_checkpoints_name_the_parts_of_the_state(tmp_path):

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform as _platform
+import signal
 import sys
 import warnings
 
@@ -142,43 +143,41 @@ def _ranks() -> int:
 
 # ----------------------------------------------------------------------------- main
 
-class _Terminated(BaseException):
-    """SIGTERM outside the time-step loop (set-up, compilation, output): ends the command as Ctrl-C does."""
-
-
 @contextlib.contextmanager
-def _terminate_raises():
-    """SIGTERM raises :class:`_Terminated` while the command runs (the time-step loop catches
-    SIGINT and SIGTERM itself and stops between chunks); the previous handler comes back after."""
+def _signals_raise():
+    """SIGINT raises ``KeyboardInterrupt`` and SIGTERM :class:`~jaxsem.solvers.stops.Terminated`
+    while the command runs, and both are noted so that one whose exception Python drops (raised
+    inside a garbage-collector callback) still ends the command (the time-step loop catches them
+    itself and stops between chunks); the previous handlers come back after."""
     import signal
     import threading
+
+    from ..solvers.stops import raise_on_signal, take_pending_signal
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def terminate(signum, frame):
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
+    take_pending_signal()
+    previous = {s: signal.signal(s, raise_on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _interrupted(args, e: BaseException) -> tuple[dict, str, int]:
     """``(record, one-line message, exit code 128 + signal)`` of a command ended by SIGINT or SIGTERM."""
     import signal
 
-    from ..solvers.stops import RunInterrupted
+    from ..solvers.stops import RunInterrupted, Terminated
 
     checkpoint = getattr(args, "checkpoint", None)  # the path --resume takes (per-rank files under MPI)
     if isinstance(e, RunInterrupted):
         signum, step, t, text = e.signal, e.step, e.t, str(e)
         checkpoint = checkpoint if e.checkpoint is not None else None
     else:
-        signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+        signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
         step = t = None
         text = (f"interrupted by {signal.Signals(signum).name} outside the time steps (set-up, compilation "
                 "or output)")
@@ -319,12 +318,15 @@ def main(argv=None) -> int:
     quiet = getattr(args, "quiet", False) or args.command == "info" or launcher_rank() not in (None, 0)
     log = (lambda m: None) if quiet else (lambda m: print(f"jaxsem: {m}", file=sys.stderr, flush=True))
 
-    from ..solvers.stops import RunInterrupted
+    from ..solvers.stops import RunInterrupted, Terminated, take_pending_signal
 
     interrupted = refused = False
-    with _stdout_to_stderr() as out, _terminate_raises():
+    with _stdout_to_stderr() as out, _signals_raise():
         try:
             result, text, code = _dispatch(args, log, quiet)
+            lost = take_pending_signal()  # a signal whose exception was lost after the steps (output)
+            if lost:
+                raise KeyboardInterrupt if lost == signal.SIGINT else Terminated
         except ValueError as e:  # refused after set-up (e.g. a time step past the stable one): named, no traceback
             result = dict(problem=args.command if args.command != "solve" else args.problem, status="refused",
                           converged=False, message=str(e))
@@ -332,7 +334,7 @@ def main(argv=None) -> int:
             if _reporter():
                 print(f"jaxsem: error: {e}", file=sys.stderr, flush=True)
             refused = True
-        except (RunInterrupted, KeyboardInterrupt, _Terminated) as e:
+        except (RunInterrupted, KeyboardInterrupt, Terminated) as e:
             result, text, code = _interrupted(args, e)
             interrupted = True
             if _reporter():

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..io.checkpoint import (checkpoint_meta, load_checkpoint, meta_mismatch, save_checkpoint, tree_fields,
                              tree_from_fields)
-from .stops import NonFiniteError, RunInterrupted, UnstableRunError
+from .stops import NonFiniteError, RunInterrupted, Terminated, UnstableRunError, take_pending_signal
 from .timestepping import _check_steps, advance_fn, tableau
 
 __all__ = ["run", "RunOptions", "RunInfo", "drive", "plan_steps"]
@@ -257,10 +257,14 @@ def _show_progress(progress) -> bool:
 
 def _catch_stop_signals():
     """``(received, restore)``: SIGINT and SIGTERM append their number to the list
-    ``received`` until ``restore()`` puts the previous handlers back.
+    ``received`` until ``restore()`` puts the previous handlers back. A signal
+    :func:`~jaxsem.solvers.stops.raise_on_signal` saw whose exception was lost raises now.
 
     Python runs handlers in the main thread only; elsewhere nothing is installed.
     """
+    sig = take_pending_signal()
+    if sig:  # a stop signal whose exception was lost during the set-up: the run ends before its steps
+        raise KeyboardInterrupt if sig == signal.SIGINT else Terminated
     received, previous = [], {}
     if threading.current_thread() is not threading.main_thread():
         return received, lambda: None
@@ -343,6 +347,8 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
 
     if not finite(y):
         raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
+    # a stop signal ends the run between chunks, after the checkpoint, never inside XLA
+    stop, restore_handlers = _catch_stop_signals()
     bar = None
     if _show_progress(options.progress):
         from tqdm.auto import tqdm
@@ -350,8 +356,6 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
         bar = tqdm(total=num_steps, initial=m, desc=options.desc, file=sys.stderr, unit="step", leave=False)
     start_step, chunks = m, 0
     tic = time.perf_counter()
-    # a stop signal ends the run between chunks, after the checkpoint, never inside XLA
-    stop, restore_handlers = _catch_stop_signals()
     try:
         while m < num_steps:
             count = min(chunk_steps, num_steps - m)

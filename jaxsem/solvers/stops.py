@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["RunStopped", "UnstableRunError", "SolveFailedError", "NonFiniteError", "RunInterrupted"]
+__all__ = ["RunStopped", "UnstableRunError", "SolveFailedError", "NonFiniteError", "RunInterrupted",
+           "Terminated", "raise_on_signal", "take_pending_signal"]
 
 
 class _Stop:
@@ -82,3 +83,30 @@ class RunInterrupted(_Stop, BaseException):
                 else "no checkpoint was written")
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} (t = {t:.6g}); {kept}",
                          step, t)
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the time-step loop (set-up, compilation, output): ends a command as
+    ``KeyboardInterrupt`` does for SIGINT."""
+
+
+# Signals seen by :func:`raise_on_signal`. Python drops an exception raised while it runs a
+# callback it cannot unwind (a ``__del__``, a garbage-collector callback such as XLA's), so a
+# Ctrl-C there would be lost: the signal stays here until :func:`take_pending_signal` reads it.
+_pending: list[int] = []
+
+
+def raise_on_signal(signum: int, frame=None):
+    """A signal handler: note ``signum``, then raise ``KeyboardInterrupt`` (SIGINT) or
+    :class:`Terminated` (any other signal)."""
+    _pending.append(int(signum))
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated
+
+
+def take_pending_signal() -> int:
+    """The last signal :func:`raise_on_signal` saw since the previous call (0: none); clears it."""
+    sig = _pending[-1] if _pending else 0
+    _pending.clear()
+    return sig
