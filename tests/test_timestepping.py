@@ -137,6 +137,79 @@ def test_reverse_pass_of_a_nonlinear_f_equals_autodiff_and_differences(method):
         assert float(jnp.vdot(g[i], v)) == pytest.approx(fd, rel=1e-7), i
 
 
+def _least_recomputation(n: int, s: int, memo={}) -> int:
+    """The fewest steps any schedule advances to reverse ``n`` steps from one stored state with
+    ``s`` snapshots: a dynamic programme over the place of the next snapshot (independent of
+    the closed form and of the split rule the library uses)."""
+    if n == 1:
+        return 0
+    if s == 1:
+        return n * (n - 1) // 2
+    if (n, s) not in memo:
+        memo[n, s] = min(m + _least_recomputation(n - m, s - 1) + _least_recomputation(m, s) for m in range(1, n))
+    return memo[n, s]
+
+
+def test_binomial_schedule_reverses_every_step_with_the_least_recomputation():
+    """The revolve table, replayed on step numbers: each row restores a stored state, reaches the
+    step it pulls back through, stores only into the slots it has, and the rows pull back through
+    n − 1, …, 0; the steps it advances are the fewest the dynamic programme finds."""
+    from jaxsem.solvers.timestepping import _revolve_actions
+
+    for n in range(2, 70):
+        for s in range(1, 7):
+            rows = _revolve_actions(n, s)
+            assert [m for *_, m in rows] == list(range(n - 1, -1, -1))
+            stored, advanced = {0: 0}, 0
+            for restore, pairs, m in rows:
+                step = stored[restore]
+                for start, count, slot in pairs:
+                    assert start == step
+                    step, advanced = step + count, advanced + count
+                    if slot is not None:
+                        assert 0 < slot < s
+                        stored[slot] = step
+                assert step == m
+            least = _least_recomputation(n, s)
+            assert advanced == least, (n, s)
+            # the forward run advances n − 1 of them; the rest is the reverse pass's
+            assert ts.Checkpointing(snapshots=s).recomputed_steps(n) == least - (n - 1)
+    assert ts.Checkpointing(snapshots=30).recomputed_steps(3000) == 5473  # t = 3: under 3 runs' worth
+
+
+def test_binomial_schedule_gradient_equals_the_plain_one_and_recomputes_what_it_says():
+    """Checkpointing(snapshots=s): the plain loop's value and gradient (w.r.t. a closed-over
+    parameter, y0 and a traced dt, with per-step observations) for 1, 3 and more snapshots than
+    steps; the steps evaluated (a callback counts them) are the forward run's n, the n pull-backs
+    and the schedule's recomputed steps, no more."""
+
+    def loss(a, y0, dt, checkpointing):
+        f = lambda t, y: a * (A @ y) + dt * jnp.sin(y + t)
+        y, obs = ts.integrate(f, y0, dt, 37, checkpointing=checkpointing, observe=lambda y: y[0] ** 2)
+        return jnp.sum(y**2) + jnp.sum(obs)
+
+    vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    v0, g0 = vg(1.3, Y0, 0.01, ts.Checkpointing())
+    for s in (1, 3, 40):
+        v, g = vg(1.3, Y0, 0.01, ts.Checkpointing(snapshots=s))
+        assert float(v) == pytest.approx(float(v0), rel=1e-14)
+        for a, b in zip(g, g0):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+
+    calls = []
+
+    def one(y, m):
+        jax.debug.callback(lambda m: calls.append(int(m)), m)
+        return jnp.sin(y) * 1.01, y[0]
+
+    for s in (1, 3, 6):
+        calls.clear()
+        ck = ts.Checkpointing(snapshots=s)
+        g = jax.grad(lambda y: jnp.sum(ts.checkpointed_scan(one, y, 40, ck)[0]))(Y0)
+        jax.block_until_ready(g)
+        assert len(calls) == 2 * 40 + ck.recomputed_steps(40), s
+
+
 def test_checkpointing_chunks_and_bad_arguments():
     sqrt = ts.Checkpointing("sqrt")
     assert [sqrt.chunk(n) for n in (0, 1, 2, 3, 16, 17, 256)] == [None, None, None, 2, 4, 5, 16]
@@ -148,6 +221,11 @@ def test_checkpointing_chunks_and_bad_arguments():
             ts.Checkpointing(bad)
     with pytest.raises(ValueError, match=r"Checkpointing\.remat must be one of .*'custom_vjp'.*got 'scan'"):
         ts.Checkpointing(2, remat="scan")
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"Checkpointing\.snapshots must be None or an int >= 1, got"):
+            ts.Checkpointing(snapshots=bad)
+    with pytest.raises(ValueError, match="every or snapshots, not both"):
+        ts.Checkpointing("sqrt", snapshots=4)
     with pytest.raises(TypeError, match="checkpointing must be a Checkpointing"):
         ts.integrate(f_lin, Y0, 0.1, 10, checkpointing="sqrt")
     with pytest.raises(ValueError, match="num_steps"):

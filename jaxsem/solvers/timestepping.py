@@ -16,7 +16,9 @@ one to time (``experiments/maxwell_throughput.py``).
 :func:`integrate` is pure and differentiable: ``lax.scan`` over a static number of steps,
 optional per-step observations, and a reverse-mode memory schedule (:class:`Checkpointing`;
 ``Checkpointing("sqrt")``: memory ~ √steps for ``jax.grad`` through long runs, by
-``jax.checkpoint`` or, where steps send MPI messages, by an equivalent ``jax.custom_vjp``).
+``jax.checkpoint`` or, where steps send MPI messages, by an equivalent ``jax.custom_vjp``;
+``Checkpointing(snapshots=s)``: the binomial schedule, at most ``s`` stored states and the
+least recomputation for them).
 Reverse mode keeps the input of every stage and recomputes ``f``'s internals from it (each
 ``f`` evaluation under ``jax.checkpoint``), exact for any ``f``.
 
@@ -225,11 +227,23 @@ class Checkpointing:
         * ``"auto"`` (default): ``"custom_vjp"`` when a step has effects,
           else ``"checkpoint"``.
 
-    Raises ``ValueError`` naming the field for a bad ``every`` or ``remat``.
+      snapshots: the binomial schedule (Griewank's *revolve*; instead of ``every``):
+        reverse mode keeps at most ``snapshots`` states (an int ≥ 1, the initial
+        one included) plus the last step's input, and recomputes the steps
+        between them so that the number of recomputed steps is the least any
+        schedule with that memory needs: with ``t`` the least integer with
+        ``C(snapshots + t, t) ≥ num_steps``, it is ``t·num_steps −
+        C(snapshots + t, t − 1)`` (:meth:`recomputed_steps`), so the time grows like
+        the logarithm of ``num_steps`` at fixed memory. Written as a ``jax.custom_vjp``
+        (``remat`` is ignored): reverse mode only, with or without effects. The forward pass
+        writes each step's input to the snapshot buffer (one state copy per step).
+
+    Raises ``ValueError`` naming the field for a bad ``every``, ``remat`` or ``snapshots``.
     """
 
     every: int | str | None = None
     remat: str = "auto"
+    snapshots: int | None = None
 
     def __post_init__(self):
         every = self.every
@@ -239,6 +253,22 @@ class Checkpointing:
             raise ValueError(f"Checkpointing.every must be None, 'sqrt' or an int >= 1, got {every!r}")
         if not isinstance(self.remat, str) or self.remat not in REMATS:
             raise ValueError(f"Checkpointing.remat must be one of {REMATS}, got {self.remat!r}")
+        s = self.snapshots
+        if s is not None:
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
+                raise ValueError(f"Checkpointing.snapshots must be None or an int >= 1, got {s!r}")
+            if every is not None:
+                raise ValueError(f"Checkpointing takes every or snapshots, not both (every={every!r}, snapshots={s!r})")
+            object.__setattr__(self, "snapshots", int(s))
+
+    def recomputed_steps(self, num_steps: int) -> int:
+        """Steps the reverse pass recomputes (beyond the forward run's ``num_steps`` and the
+        recomputation inside each step's own pull-back) for a run of ``num_steps`` steps."""
+        num_steps = _check_steps(num_steps)
+        if self.snapshots is not None:
+            return _revolve_cost(num_steps, self.snapshots)
+        c = self.chunk(num_steps)
+        return 0 if c is None else (num_steps // c) * c  # the chunks re-run; the rest is plain
 
     def chunk(self, num_steps: int) -> int | None:
         """Steps per recomputed chunk for a run of ``num_steps`` steps, or ``None`` for a plain scan.
@@ -326,8 +356,11 @@ def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpoi
     if not isinstance(checkpointing, Checkpointing):
         raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
     num_steps = _check_steps(num_steps)
-    c = checkpointing.chunk(num_steps)
     steps = jnp.arange(num_steps)
+    if checkpointing.snapshots is not None and num_steps >= 2:
+        conv, consts = jax.closure_convert(one, y0, steps[0])
+        return _revolve(conv, _RevolveTable(num_steps, checkpointing.snapshots), y0, *consts)
+    c = checkpointing.chunk(num_steps)
     if c is None:
         return jax.lax.scan(one, y0, steps)
     remat = checkpointing.remat
@@ -381,6 +414,163 @@ def _segmented_bwd(chunk, res, ct):
 
 
 _segmented.defvjp(_segmented_fwd, _segmented_bwd)
+
+
+# ----------------------------------------------------------------------------- binomial schedule
+
+
+def _beta(s: int, t: int) -> int:
+    """``C(s + t, t)``: the most steps ``s`` snapshots reverse with ``t`` recomputations a step."""
+    return math.comb(s + t, t) if t >= 0 else 0
+
+
+def _repetitions(n: int, s: int) -> int:
+    """The least ``t`` with ``β(s, t) ≥ n``."""
+    t = 0
+    while _beta(s, t) < n:
+        t += 1
+    return t
+
+
+def _revolve_cost(n: int, s: int) -> int:
+    """Steps the binomial schedule recomputes to reverse ``n`` steps with ``s`` snapshots."""
+    if n < 2:
+        return 0
+    t = _repetitions(n, s)
+    return t * n - _beta(s + 1, t - 1) - (n - 1)  # Griewank's count less the forward run's n − 1
+
+
+def _revolve_actions(n: int, s: int) -> list:
+    """The binomial (revolve) schedule reversing steps ``0 .. n − 1`` with ``s`` snapshot slots
+    (slot 0 holds the initial state): rows ``(restore, [(start, count, slot), ...], m)``, one
+    per reversed step ``m`` (in the order ``n − 1 .. 0``): restore the state of slot ``restore``,
+    then for each pair advance ``count`` steps from step ``start`` and store the state reached in
+    ``slot`` (``None``: keep none), then pull back through step ``m``."""
+    rows = []
+
+    def rev(i0, n, slot, free, origin, row):
+        # the state of step i0 is in `slot`; the current row restores `origin` and runs `row`
+        if not row:
+            origin = slot
+        if n == 1:
+            rows.append((origin, row, i0))
+        elif not free:
+            rows.append((origin, row + [(i0, n - 1, None)], i0 + n - 1))
+            for j in range(n - 2, -1, -1):
+                rows.append((slot, [(i0, j, None)] if j else [], i0 + j))
+        else:
+            t = _repetitions(n, len(free) + 1)
+            # the first snapshot's place: any m in this range gives the least count (checked
+            # against the dynamic programme over all splits in the tests)
+            m = min(max(1, _beta(len(free) + 1, t - 2), n - _beta(len(free), t)), n - 1)
+            rev(i0 + m, n - m, free[0], free[1:], origin, row + [(i0, m, free[0])])
+            rev(i0, m, slot, free, slot, [])
+
+    rev(0, n, 0, list(range(1, s)), 0, [])
+    return rows
+
+
+class _RevolveTable:
+    """The binomial schedule as static arrays (hashable by ``(n, s)``).
+
+    The forward pass runs the first row (all steps, storing its snapshots) and keeps the last
+    step's input in slot ``s``; every other row becomes ``restore``, ``P`` padded pairs
+    ``(start, count, slot)`` (padding: count 0 into the scratch slot ``s + 1``) and ``m``.
+    """
+
+    def __init__(self, n: int, s: int):
+        self.n, self.s = n, s
+        rows = _revolve_actions(n, s)
+        first = rows[0]
+        assert first[0] == 0 and first[2] == n - 1
+        self.write = np.full(n, s + 1, np.int32)  # the slot step m's input goes to in the forward pass
+        for start, count, slot in first[1]:
+            if slot is not None:
+                self.write[start + count] = slot
+        self.write[0], self.write[n - 1] = 0, s
+        rest = rows[1:]
+        width = max([len(r[1]) for r in rest] + [1])
+        self.restore = np.array([r[0] for r in rest], np.int32)
+        self.pairs = np.zeros((len(rest), width, 3), np.int32)
+        self.pairs[:, :, 2] = s + 1
+        for k, (_, pairs, _) in enumerate(rest):
+            for j, (start, count, slot) in enumerate(pairs):
+                self.pairs[k, j] = (start, count, s + 1 if slot is None else slot)
+        self.m = np.array([r[2] for r in rest], np.int32)
+        self.npairs = np.array([len(r[1]) for r in rest], np.int32)
+
+    def __hash__(self):
+        return hash((self.n, self.s))
+
+    def __eq__(self, other):
+        return isinstance(other, _RevolveTable) and (self.n, self.s) == (other.n, other.s)
+
+
+def _advance(one, y, start, count, consts):
+    """``count`` (traced) steps of ``one`` from step ``start``; observations dropped."""
+    return jax.lax.fori_loop(0, count, lambda j, y: one(y, start + j, *consts)[0], y)
+
+
+def _put(buf, slot, y):
+    return jax.tree_util.tree_map(lambda b, a: jax.lax.dynamic_update_index_in_dim(b, a, slot, 0), buf, y)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _revolve(one, table, y0, *consts):
+    """``lax.scan`` of ``one(y, m, *consts) -> (y, obs)`` over ``m = 0 .. n − 1``."""
+    return jax.lax.scan(lambda y, m: one(y, m, *consts), y0, jnp.arange(table.n))
+
+
+def _revolve_fwd(one, table, y0, *consts):
+    buf = jax.tree_util.tree_map(lambda a: jnp.zeros((table.s + 2,) + a.shape, a.dtype), y0)
+
+    def body(carry, xs):
+        y, buf = carry
+        m, slot = xs
+        buf = _put(buf, slot, y)  # the step's input, into its snapshot slot or the scratch slot
+        y, obs = one(y, m, *consts)
+        return (y, buf), obs
+
+    (y, buf), obs = jax.lax.scan(body, (y0, buf), (jnp.arange(table.n), jnp.asarray(table.write)))
+    return (y, obs), (buf, consts)
+
+
+def _revolve_bwd(one, table, res, ct):
+    buf, consts = res
+    ybar, obsbar = ct
+    s = table.s
+
+    def pull(y, m, ybar, cbar):
+        _, vjp = jax.vjp(lambda y, cs: one(y, m, *cs), y, consts)
+        ob = jax.tree_util.tree_map(lambda o: o[m], obsbar)
+        ybar, cs_bar = vjp((ybar, ob))
+        return ybar, jax.tree_util.tree_map(jnp.add, cbar, cs_bar)
+
+    def row(carry, xs):
+        ybar, cbar, buf = carry
+        restore, pairs, npairs, m = xs
+        y = jax.tree_util.tree_map(lambda b: b[restore], buf)
+
+        def pair(j, yb):
+            y, buf = yb
+            start, count, slot = pairs[j, 0], pairs[j, 1], pairs[j, 2]
+            y = _advance(one, y, start, count, consts)
+            return y, _put(buf, slot, y)
+
+        y, buf = jax.lax.fori_loop(0, npairs, pair, (y, buf))
+        ybar, cbar = pull(y, m, ybar, cbar)
+        return (ybar, cbar, buf), None
+
+    zero = jax.tree_util.tree_map(jnp.zeros_like, consts)
+    last = jax.tree_util.tree_map(lambda b: b[s], buf)
+    ybar, cbar = pull(last, table.n - 1, ybar, zero)
+    (ybar, cbar, _), _ = jax.lax.scan(row, (ybar, cbar, buf),
+                                      (jnp.asarray(table.restore), jnp.asarray(table.pairs),
+                                       jnp.asarray(table.npairs), jnp.asarray(table.m)))
+    return (ybar, *cbar)
+
+
+_revolve.defvjp(_revolve_fwd, _revolve_bwd)
 
 
 def _check_steps(num_steps):

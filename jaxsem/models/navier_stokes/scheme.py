@@ -489,7 +489,10 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
     (:class:`jaxsem.solvers.timestepping.Checkpointing`): the default keeps every step's
     residuals (memory ∝ ``num_steps``); ``Checkpointing("sqrt")`` stores one state (with its
     BDF/EXT history) per chunk of ⌈√num_steps⌉ steps and recomputes each chunk in the reverse
-    pass, for one more forward run. Values and gradients do not depend on it."""
+    pass, for one more forward run; ``Checkpointing(snapshots=s)`` stores at most ``s + 1``
+    states and recomputes the fewest steps any schedule with that memory can (binomial
+    schedule; about ``t`` more forward runs where ``C(s + t, t) ≥ num_steps``). Values and
+    gradients do not depend on it."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
 
