@@ -14,9 +14,7 @@ the record the CLI prints.
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 import math
 import os
 import time
@@ -24,13 +22,13 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from ..io import atomic_output
 from ..mesh import cylinder as dfg
 from ..models import navier_stokes as NS
 from ..models.navier_stokes.boundary import NO_SLIP, Outflow, Velocity
 from ..solvers.driver import RunOptions
 from ..solvers.stops import NonFiniteError, RunStopped
-from .tgv import _with_dt, default_dt
+from .tgv import setup_at_cfl
+from .files import save_figure, write_csv
 from .verify import _where, _write_vtu
 
 __all__ = ["run_cylinder", "CASES", "shedding", "plot"]
@@ -117,12 +115,7 @@ def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0
         points[:, 2] = float(z.min()) + depth / 2
     setup = lambda step: NS.setup(mesh, nu=case.nu, dt=step, boundary=boundary, forces=("cylinder",),  # noqa: E731
                                   probes=points, backend=backend, **place)
-    if dt is None:
-        probe = setup(1.0)
-        dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
-        ns = _with_dt(probe, dt)
-    else:
-        ns = setup(dt)
+    ns, dt = setup_at_cfl(setup, u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     steady = name in STEADY
@@ -181,13 +174,7 @@ def run_cylinder(name: str, order: int, level: int = 0, *, t_final: float = 30.0
 
 
 def _write_csv(path: str, series: np.ndarray) -> None:
-    text = io.StringIO(newline="")
-    w = csv.writer(text)
-    w.writerow(["time", "drag_coefficient", "lift_coefficient", "delta_p", "change", "cfl"])
-    for r in series:
-        w.writerow([f"{v:.10g}" for v in r])
-    with atomic_output(path, "output file") as fh:
-        fh.write(text.getvalue().encode("utf-8"))
+    write_csv(path, ["time", "drag_coefficient", "lift_coefficient", "delta_p", "change", "cfl"], series)
 
 
 def plot(series: np.ndarray, case: dfg.DFGCase, path: str) -> str:
@@ -210,9 +197,4 @@ def plot(series: np.ndarray, case: dfg.DFGCase, path: str) -> str:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with atomic_output(path, "output file") as fh:
-            fig.savefig(fh, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path)

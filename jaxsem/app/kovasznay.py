@@ -23,7 +23,7 @@ from ..models import navier_stokes as NS
 from ..models.navier_stokes.boundary import Outflow, Velocity
 from ..solvers.driver import RunOptions
 from ..solvers.stops import NonFiniteError, RunStopped
-from .tgv import _with_dt, default_dt
+from .tgv import setup_at_cfl
 from .verify import _where
 
 __all__ = ["run_kovasznay", "ORIGIN", "LENGTHS"]
@@ -80,12 +80,7 @@ def run_kovasznay(order: int, elements, *, reynolds: float = 40.0, outflow: str 
              f"{outflow} outflow")
     u0 = lambda x, y, z: u_b(x, y, z, 0.0)  # noqa: E731
     setup = lambda step: NS.setup(mesh, nu=nu, dt=step, boundary=boundary, backend=backend, **place)  # noqa: E731
-    if dt is None:
-        probe = setup(1.0)
-        dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
-        ns = _with_dt(probe, dt)
-    else:
-        ns = setup(dt)
+    ns, dt = setup_at_cfl(setup, u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     progress(f"dt {dt:.4g} (at most {round(t_final / dt)} steps), setup {setup_seconds:.1f} s")

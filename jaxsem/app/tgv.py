@@ -8,9 +8,7 @@ velocity, pressure and vorticity magnitude at the end; returns the record the CL
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import os
 import time
@@ -18,16 +16,16 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from ..io import atomic_output
 from ..mesh.box import box_mesh
 from ..models import flows
 from ..models import navier_stokes as NS
 from ..solvers.driver import RunOptions
 from ..solvers.multigrid import PMGOptions
 from ..solvers.stops import NonFiniteError, RunStopped
+from .files import save_figure, write_csv
 from .verify import _where, _write_vtu
 
-__all__ = ["run_tgv", "default_dt", "plot"]
+__all__ = ["run_tgv", "default_dt", "setup_at_cfl", "plot"]
 
 
 def default_dt(ns_probe: NS.NavierStokes, state: NS.State, cfl: float, sample: float) -> float:
@@ -35,6 +33,17 @@ def default_dt(ns_probe: NS.NavierStokes, state: NS.State, cfl: float, sample: f
     c = float(NS.diagnostics(ns_probe, state).cfl) / float(ns_probe.dt)  # CFL per unit Δt
     steps = max(1, math.ceil(sample * c / cfl - 1e-9))
     return sample / steps
+
+
+def setup_at_cfl(setup, u0, dt: float | None, cfl: float, sample: float) -> tuple[NS.NavierStokes, float]:
+    """``(ns, dt)``: ``setup(dt)`` for a given ``dt``; for ``dt=None`` the problem is built once
+    (at Δt = 1) and given the :func:`default_dt` of the start ``u0`` (the discretization and the
+    preconditioner are kept)."""
+    if dt is not None:
+        return setup(dt), dt
+    probe = setup(1.0)
+    dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
+    return dataclasses.replace(probe, dt=jnp.asarray(float(dt), probe.dt.dtype)), dt
 
 
 def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, reynolds: float = 1600.0,
@@ -61,12 +70,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     progress(f"Taylor-Green Re {reynolds:g}: order {order}, {'x'.join(map(str, elements))} elements")
     u0 = flows.taylor_green().velocity
     options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype))
-    if dt is None:
-        probe = NS.setup(mesh, nu=nu, dt=1.0, backend=backend, options=options, **place)
-        dt = default_dt(probe, NS.initial_state(probe, u0), cfl, sample)
-        ns = _with_dt(probe, dt)
-    else:
-        ns = NS.setup(mesh, nu=nu, dt=dt, backend=backend, options=options, **place)
+    ns, dt = setup_at_cfl(lambda step: NS.setup(mesh, nu=nu, dt=step, backend=backend, options=options, **place),
+                          u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     progress(f"dt {dt:.4g} ({round(t_final / dt)} steps), setup {setup_seconds:.1f} s")
@@ -116,11 +121,6 @@ def _snapshot(ns: NS.NavierStokes, st: NS.State, path: str) -> str:
     return _write_vtu(path, ns.sem, velocity=st.u, pressure=st.p, vorticity_magnitude=jnp.sqrt(jnp.sum(w * w, 0)))
 
 
-def _with_dt(ns: NS.NavierStokes, dt: float) -> NS.NavierStokes:
-    """``ns`` with another Δt (the discretization and preconditioner are kept)."""
-    return dataclasses.replace(ns, dt=jnp.asarray(float(dt), ns.dt.dtype))
-
-
 def _series(s: NS.Series, nu: float) -> dict:
     clean = lambda a: [None if not np.isfinite(v) else float(v) for v in a]
     return dict(time=clean(s.time), kinetic_energy=clean(s.kinetic_energy), dissipation=clean(s.dissipation),
@@ -152,15 +152,10 @@ def _compare(s: NS.Series) -> dict:
 
 
 def _write_csv(path: str, s: NS.Series, nu: float) -> None:
-    text = io.StringIO(newline="")
-    w = csv.writer(text)
-    w.writerow(["time", "kinetic_energy", "dissipation", "dissipation_viscous", "enstrophy", "divergence",
-                "cfl", "pressure_iterations", "velocity_iterations"])
-    for r in zip(s.time, s.kinetic_energy, s.dissipation, 2 * nu * s.enstrophy, s.enstrophy, s.divergence,
-                 s.cfl, s.pressure_iterations, s.velocity_iterations):
-        w.writerow([f"{v:.10g}" for v in r])
-    with atomic_output(path, "output file") as fh:
-        fh.write(text.getvalue().encode("utf-8"))
+    write_csv(path, ["time", "kinetic_energy", "dissipation", "dissipation_viscous", "enstrophy", "divergence",
+                     "cfl", "pressure_iterations", "velocity_iterations"],
+              zip(s.time, s.kinetic_energy, s.dissipation, 2 * nu * s.enstrophy, s.enstrophy, s.divergence,
+                  s.cfl, s.pressure_iterations, s.velocity_iterations))
 
 
 def plot(s: NS.Series, nu: float, path: str) -> str:
@@ -184,9 +179,4 @@ def plot(s: NS.Series, nu: float, path: str) -> str:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with atomic_output(path, "output file") as fh:
-            fig.savefig(fh, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path)
