@@ -34,6 +34,7 @@ MODULES = [
     ("jaxsem.solvers.timestepping", "Time stepping"),
     ("jaxsem.solvers.driver", "Long runs"),
     ("jaxsem.solvers.stops", "Why a run stopped"),
+    ("jaxsem.gradcheck", "Gradient verification"),
     ("jaxsem.io.vtu", "Files for ParaView"),
     ("jaxsem.io.checkpoint", "Checkpoints"),
     ("jaxsem.io.atomic", "Files written atomically"),

@@ -39,7 +39,9 @@ def kovasznay_runs():
 
 @pytest.mark.slow
 def test_kovasznay_error_falls_with_order(kovasznay_runs):
-    """Measured: 1.6e-3 at p = 4, 1.5e-5 at p = 6 (3x4x1 elements, the default CFL 0.4): ~100x."""
+    """Velocity data on three sides, the exact traction (pressure and ν∂u/∂n) on the outflow: the
+    error of the (nearly) steady state falls spectrally, p = 4 → 6 by more than 50× (measured
+    1.6e-3 → 1.5e-5 for the velocity, 3x4x1 elements, the default CFL 0.4)."""
     p4, p6 = kovasznay_runs["p4"], kovasznay_runs["p6"]
     for r in (p4, p6):
         assert r["problem"] == "kovasznay" and r["converged"] is True and r["status"] == "t_final"
@@ -47,9 +49,10 @@ def test_kovasznay_error_falls_with_order(kovasznay_runs):
         assert r["elements"] == [3, 4, 1] and r["outflow"] == "traction" and r["dofs"] > 0
         assert r["seconds_per_step"] > 0 and r["setup_seconds"] > 0 and r["divergence"] < 1e-2
         assert 0 < r["change"] < 1e-2 and 0 < r["cfl"] <= 0.4 + 1e-9
-    assert p4["error_l2_velocity"] < 3e-3 and p6["error_l2_velocity"] < 3e-5
-    assert p4["error_l2_velocity"] > 30 * p6["error_l2_velocity"]
-    assert p4["error_l2_pressure"] > 30 * p6["error_l2_pressure"]
+    assert p4["error_l2_velocity"] < 3e-3 and p6["error_l2_velocity"] < 3e-5 and p6["error_l2_pressure"] < 1e-4
+    assert p4["error_l2_velocity"] > 50 * p6["error_l2_velocity"]
+    assert p4["error_l2_pressure"] > 50 * p6["error_l2_pressure"]
+    assert p6["divergence"] < 5e-5
 
 
 @pytest.mark.slow

@@ -267,7 +267,7 @@ def test_bp_gradients_on_three_elements_per_direction(bp, precond, storage):
     the dot-product test of the source-to-solution map with random element-local v, w
     (1e-9), and ⟨∇L, v⟩ of L = ⟨w, u⟩ w.r.t. the per-point coefficient against central
     differences along two random directions (1e-7)."""
-    from gradcheck import directional_errors, dot_product_test, random_directions
+    from jaxsem.gradcheck import directional_errors, dot_product as dot_product_test, random_directions
 
     mesh = box_mesh((3, 3, 3), order=2, deform=0.1)
     sem = poisson.bp_discretize(mesh, bp, backend="einsum", storage=storage)

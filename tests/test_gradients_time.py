@@ -230,7 +230,7 @@ def test_dot_product_and_directions_on_three_elements_per_direction(model):
     the dot-product test of the linear map q⁰ ↦ q(T) for random element-local v, w (1e-10), and
     ⟨∇L, v⟩ against central differences along two random directions of the material (Maxwell: ε
     per node) or of the initial field (advection), 1e-7."""
-    from gradcheck import directional_errors, dot_product_test, random_directions
+    from jaxsem.gradcheck import directional_errors, dot_product as dot_product_test, random_directions
 
     steps = 8
     if model == "maxwell":

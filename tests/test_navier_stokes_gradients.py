@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import jaxsem as js
-from gradcheck import directional_errors, dot_product_test, random_directions
+from jaxsem.gradcheck import directional_errors, dot_product as dot_product_test, random_directions
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
 
