@@ -15,7 +15,7 @@ from . import core, mesh, operators, solvers  # noqa: E402
 from .core import basis, geometry  # noqa: E402
 from .core.basis import gll_points, gauss_points, lagrange_matrix, derivative_matrix  # noqa: E402
 from .core.geometry import Geometry, geometric_factors, quadrature  # noqa: E402
-from .mesh import Mesh, box_mesh, read_gmsh, Numbering, number_nodes, partition_mesh  # noqa: E402
+from .mesh import Mesh, box_mesh, Grading, read_gmsh, Numbering, number_nodes, partition_mesh  # noqa: E402
 from .parallel import Comm, get_comm  # noqa: E402
 from .discretization import SEM, discretize, DG, discretize_dg, GatherScatter, make_gs, gs_apply  # noqa: E402
 from .discretization import to_mesh_order, from_mesh_order  # noqa: E402

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..core import basis
+from .grading import axis_points
 
 __all__ = ["Mesh", "box_mesh", "deform_box", "FACE_AXIS", "PERIODIC_TOL", "element_nodes", "BOX_FACES"]
 
@@ -261,8 +262,9 @@ def box_mesh(
     deform: float = 0.0,
     origin=(0.0, 0.0, 0.0),
     mapping: Callable | None = None,
+    grading=None,
 ) -> Mesh:
-    """A tensor-product box mesh of hexahedra, optionally periodic and curved.
+    """A tensor-product box mesh of hexahedra, optionally periodic, graded and curved.
 
     Args:
       elements: element counts ``(Ex, Ey, Ez)`` (or one int for all axes), each ≥ 1.
@@ -273,6 +275,12 @@ def box_mesh(
       origin: the box's lower corner.
       mapping: optional ``f(x) -> x'`` applied to the ``(3, ...)`` GLL node
         coordinates after the deformation (must keep periodic faces translates).
+      grading: the element boundaries per axis, ``(gx, gy, gz)``, each ``None`` (uniform), a
+        :class:`jaxsem.mesh.Grading` (geometric or tanh spacing toward faces of that axis), or
+        the ``(E_d + 1,)`` boundaries themselves, increasing from ``origin[d]`` to
+        ``origin[d] + lengths[d]``; ``None`` for all (the default) is uniform. Elements stay
+        affine images of the reference cube; ``deform``, then ``mapping``, act on the graded
+        nodes. A periodic axis may be graded (its faces stay translates).
 
     Returns a :class:`Mesh` whose elements are ordered x fastest, then y, then z.
     """
@@ -291,9 +299,14 @@ def box_mesh(
     if not abs(deform) < 0.27:
         raise ValueError(f"deform must satisfy |deform| < 0.27 (keeps the Jacobian positive), got {deform}")
     origin = tuple(float(v) for v in origin)
+    if grading is None:
+        grading = (None,) * 3
+    if isinstance(grading, (str, dict)) or not hasattr(grading, "__len__") or len(grading) != 3:
+        raise ValueError(f"grading must be None or one spec per axis (gx, gy, gz), each None, a Grading or "
+                         f"the element boundaries, got {grading!r}")
+    gx = [axis_points(grading[d], d, ne[d], L[d], origin[d]) for d in range(3)]
 
     # Vertices: the full (nx+1)(ny+1)(nz+1) grid; periodicity is a numbering concern.
-    gx = [origin[d] + np.linspace(0.0, L[d], ne[d] + 1) for d in range(3)]
     vz, vy, vx = np.meshgrid(gx[2], gx[1], gx[0], indexing="ij")
     vertices = np.stack([vx.ravel(), vy.ravel(), vz.ravel()], axis=1)
     cells = _box_cells(ne)
