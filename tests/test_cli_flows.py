@@ -1,5 +1,6 @@
-"""``jaxsem solve kovasznay`` and ``jaxsem solve cylinder``: JSON records, convergence in p against the
-exact Kovasznay flow, the DFG cylinder's outputs, arguments refused before any work."""
+"""``jaxsem solve kovasznay``, ``jaxsem solve cylinder`` and ``jaxsem solve rbc``: JSON records,
+convergence in p against the exact Kovasznay flow, the DFG cylinder's outputs, the onset of
+Rayleigh–Bénard convection, arguments refused before any work."""
 
 import contextlib
 import csv
@@ -113,6 +114,12 @@ BAD = [
     (["solve", "kovasznay", "--steady-tol", "nan"], "--steady-tol"),
     (["solve", "kovasznay", "--t-final", "2.05"], "--t-final"),
     (["solve", "kovasznay", "--elements", "400", "400", "400"], "--elements"),
+    (["solve", "rbc", "--rayleigh", "-1"], "--rayleigh"),
+    (["solve", "rbc", "--prandtl", "0"], "--prandtl"),
+    (["solve", "rbc", "--amplitude", "nan"], "--amplitude"),
+    (["solve", "rbc", "--dt", "0.003"], "--dt"),  # does not divide the 0.1 sample
+    (["solve", "rbc", "--t-final", "0.15"], "--t-final"),
+    (["solve", "rbc", "--elements", "3", "1"], "--elements"),
 ]
 
 
@@ -122,6 +129,7 @@ def _no_work(monkeypatch):
 
     monkeypatch.setattr("jaxsem.app.kovasznay.run_kovasznay", no_jax_work)
     monkeypatch.setattr("jaxsem.app.cylinder.run_cylinder", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.rbc.run_rbc", no_jax_work)
 
 
 @pytest.mark.parametrize("argv,name", BAD, ids=[" ".join(a) for a, _ in BAD])
@@ -141,3 +149,25 @@ def test_cylinder_without_gmsh_is_a_clear_argument_error(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert "--case" in err and "gmsh" in err and "pip install" in err
+
+
+@pytest.mark.slow
+def test_rayleigh_benard_onset(capsys):
+    """Rigid walls, one critical wavelength (k = 3.117) wide, Pr = 1, p = 5 on 3x1x3 elements: the
+    roll decays at Ra = 1650 and grows at 1770 (measured σ = −0.4430 and +0.4701 in thermal-diffusion
+    units, settled to 1e-4 after t = 0.2); the interpolated zero is within 1% of 1707.76 (measured
+    1708.2); the Nusselt number stays 1 (conduction) to 1e-4 while the roll is small."""
+    sigma = {}
+    for ra in (1650.0, 1770.0):
+        assert cli.main(["solve", "rbc", "--rayleigh", str(ra), "--t-final", "0.6", "--sample", "0.2", "--json",
+                         "-q"]) == 0
+        r = _json(capsys)
+        assert r["problem"] == "rbc" and r["status"] == "t_final" and r["converged"] is True
+        assert r["steps"] == 300 and r["time"] == pytest.approx([0.0, 0.2, 0.4, 0.6])
+        assert r["growth_rate_series"][0] is None and r["nusselt_series"][0] is None
+        assert abs(r["growth_rate_series"][-1] - r["growth_rate_series"][-2]) < 1e-3
+        assert all(abs(v - 1) < 1e-4 for v in r["nusselt_series"][1:])
+        sigma[ra] = r["growth_rate"]
+    assert sigma[1650.0] < 0 < sigma[1770.0], sigma
+    ra_c = 1650.0 + 120.0 * (-sigma[1650.0]) / (sigma[1770.0] - sigma[1650.0])
+    assert abs(ra_c - 1707.76) < 0.01 * 1707.76, ra_c

@@ -153,7 +153,7 @@ def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
     assert list(np.round(s_a.time, 12)) == [0.0, 0.1, 0.2]
     np.testing.assert_array_equal(s_a.kinetic_energy, s.kinetic_energy[:3])
     # the checkpoint names its arrays: the state's fields and the series
-    assert set(checkpoint_shapes(path)) == {"series"} | {f"state.{k}" for k in ("U", "F", "P", "step", "t", "past")}
+    assert set(checkpoint_shapes(path)) == {"series"} | {f"state.{k}" for k in ("U", "F", "P", "step", "t", "past", "T", "FT")}
     # a second run from the 0.2 checkpoint to 0.4 reproduces the uninterrupted one
     st_b, s_b, info = NS.run(ns, st0, 0.4, sample_interval=0.1, options=driver.RunOptions(resume=path))
     assert info.resumed_from == 10 and info.steps == 10
@@ -249,7 +249,8 @@ def shard_check(P: int) -> dict:
     periodic x and y (a ring of ranks along x, each pair sharing nodes through the wrap) and
     walls at z = ±π with time-dependent velocity data (the lift, the pure-Neumann pressure on
     its own unmasked discretization). The Taylor–Green field is the initial state and, decaying
-    in time, the wall data. (4, 3, 2) elements: the pressure's order-1 coarsest level has 36
+    in time, the wall data; a scalar rides along (a value on one wall, a flux on the other) and
+    pushes the flow (buoyancy). (4, 3, 2) elements: the pressure's order-1 coarsest level has 36
     nodes, more than the 20 Lanczos steps that bound its spectrum (a smaller coarse space
     exhausts the Krylov space and the bounds become round-off, which can change the V-cycle
     between serial and sharded runs). The fully periodic Taylor–Green and the Ethier–Steinman
@@ -265,12 +266,14 @@ def shard_check(P: int) -> dict:
     wall = lambda x, y, z, t: jnp.exp(-0.5 * t) * tg(x, y, z)  # noqa: E731
     res, grads = {}, {}
     for key, devices in (("serial", None), ("shard", P)):
-        ns = NS.setup(mesh, nu=0.05, dt=dt, boundary=wall, devices=devices, options=NS.NSOptions(**TIGHT))
+        ns = NS.setup(mesh, nu=0.05, dt=dt, boundary=wall, devices=devices, options=NS.NSOptions(**TIGHT),
+                      scalars=NS.Scalar("T", 0.1, {"zmin": NS.Value(1.0), "zmax": NS.Flux(0.05)}),
+                      buoyancy=NS.Buoyancy("T", (0.0, 0.0, 0.5)))
         assert ns.walls
-        st0 = NS.initial_state(ns, tg)
+        st0 = NS.initial_state(ns, tg, scalars={"T": lambda x, y, z: jnp.cos(x) * jnp.sin(y)})
         st, s, _ = NS.run(ns, st0, 4 * dt, sample_interval=2 * dt)
         res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), s.kinetic_energy,
-                    s.pressure_iterations[1:], s.velocity_iterations[1:])
+                    s.pressure_iterations[1:], s.velocity_iterations[1:], to_mesh_order(ns.sem, st.theta[0]))
         # the first state lies where the steps leave theirs, so the second chunk reuses the first's program
         layout = all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(st0), jax.tree.leaves(st)))
         grads[key] = [np.asarray(g) for g in jax.jit(jax.grad(
@@ -278,12 +281,13 @@ def shard_check(P: int) -> dict:
                 dataclasses.replace(ns, nu=nu), dataclasses.replace(st0, U=U), 3)).kinetic_energy,
             argnums=(0, 1)))(ns.nu, st0.U)]
         grads[key][1] = to_mesh_order(ns.sem, grads[key][1])
-    (us, ps, es_, its, vits), (ud, pd, ed, itd, vitd) = res["serial"], res["shard"]
+    (us, ps, es_, its, vits, ts_), (ud, pd, ed, itd, vitd, td) = res["serial"], res["shard"]
     (gs_nu, gs_u), (gd_nu, gd_u) = grads["serial"], grads["shard"]
     return {"tgv_walls": dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
                               grad_nu=float(abs(gd_nu - gs_nu) / abs(gs_nu)),
                               grad_u=float(np.max(np.abs(gd_u - gs_u)) / np.max(np.abs(gs_u))),
                               p=float(np.max(np.abs(ps - pd)) / np.max(np.abs(ps))),
+                              theta=float(np.max(np.abs(ts_ - td)) / np.max(np.abs(ts_))),
                               energy=float(np.max(np.abs(es_ - ed) / es_)),
                               iterations=[its.tolist(), itd.tolist()], velocity_iterations=[vits.tolist(), vitd.tolist()],
                               layout_kept=layout)}
@@ -292,7 +296,7 @@ def shard_check(P: int) -> dict:
 def test_sharded_equals_serial():
     res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
     for name, r in res.items():
-        assert r["u"] < 1e-10 and r["p"] < 1e-8 and r["energy"] < 1e-12, (name, r)
+        assert r["u"] < 1e-10 and r["p"] < 1e-8 and r["energy"] < 1e-12 and r["theta"] < 1e-10, (name, r)
         assert r["grad_nu"] < 1e-9 and r["grad_u"] < 1e-9, (name, r)  # jax.grad through 3 steps
         assert r["iterations"][0] == r["iterations"][1], (name, r)
         assert r["velocity_iterations"][0] == r["velocity_iterations"][1], (name, r)

@@ -21,6 +21,7 @@ MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
 PROBLEMS = ("poisson", "maxwell", "advection")
 TIME_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4")
 KOVASZNAY_DEFAULTS = dict(order=6, elements=(3, 4, 1), t_final=20.0, steady_tol=1e-9)
+RBC_DEFAULTS = dict(order=5, elements=(3, 1, 3), rayleigh=1800.0, t_final=1.0, sample=0.1, dt=0.002)
 # per DFG case: (t_final, sample) in seconds
 CYLINDER_DEFAULTS = {"2D-1": (30.0, 0.1), "2D-2": (8.0, 0.01), "3D-1Z": (30.0, 0.1)}
 CYLINDER_STEADY_TOL = 1e-5  # a steady case stops below this change; its coefficients settle well before
@@ -221,10 +222,35 @@ def _flow_parsers(probs) -> None:
                         help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
         sp.add_argument("--cfl", type=float, default=0.4, help="CFL target for the default dt, 0 < cfl <= 1 "
                         "(default 0.4)")
+    r = probs.add_parser("rbc", help="Rayleigh-Benard convection between rigid walls: growth rate and Nusselt "
+                         "number of a small roll (the onset of convection, Ra_c = 1707.76)",
+                         description="Boussinesq convection in thermal-diffusion units (nu = Pr, kappa = 1) in a "
+                         "cell one wavelength wide (periodic x, y), no-slip walls at theta = 1 (z = 0) and 0 (z = 1), "
+                         "from the conduction profile plus a small roll: the growth rate of its kinetic energy and "
+                         "the bottom wall's Nusselt number per sample.")
+    r.add_argument("--rayleigh", type=float, default=RBC_DEFAULTS["rayleigh"],
+                   help=f"Rayleigh number (default {RBC_DEFAULTS['rayleigh']:g})")
+    r.add_argument("--prandtl", type=float, default=1.0, help="Prandtl number (default 1)")
+    r.add_argument("--wavenumber", type=float, default=3.117, help="the roll's wavenumber k; the cell is 2 pi / k "
+                   "wide (default 3.117, the critical one)")
+    r.add_argument("--amplitude", type=float, default=1e-3, help="the roll's initial temperature amplitude "
+                   "(default 1e-3)")
+    r.add_argument("--order", type=int, default=RBC_DEFAULTS["order"],
+                   help=f"polynomial order p, 2..{MAX_ORDER} (default {RBC_DEFAULTS['order']})")
+    r.add_argument("--elements", type=int, nargs=3, default=list(RBC_DEFAULTS["elements"]), metavar="E",
+                   help="element counts Ex Ey Ez (default 3 1 3)")
+    r.add_argument("--t-final", type=float, default=RBC_DEFAULTS["t_final"],
+                   help="the end time (thermal-diffusion units), a whole number of --sample (default 1)")
+    r.add_argument("--sample", type=float, default=RBC_DEFAULTS["sample"],
+                   help="interval of the growth rate and Nusselt series (default 0.1)")
+    r.add_argument("--dt", type=float, default=RBC_DEFAULTS["dt"], help="time step, dividing --sample "
+                   "(default 0.002)")
+    for sp in (k, c, r):
         sp.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
         sp.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
         sp.set_defaults(dtype="float64", deform=0.0, devices=None, transport=None)
+    r.set_defaults(cfl=0.4, steady_tol=0.0)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -268,7 +294,7 @@ def _validate_memory(args, fail, count: int | None = None, name: str = "--elemen
     problem = getattr(args, "problem", "poisson")
     if problem in ("maxwell", "advection"):
         q, components = args.order + 1, 6 if problem == "maxwell" else 1
-    elif problem in ("tgv", "kovasznay", "cylinder"):  # 3/2-rule metrics; BDF3/EXT3 history of u and N(u)
+    elif problem in ("tgv", "kovasznay", "cylinder", "rbc"):  # 3/2-rule metrics; BDF3/EXT3 history of u and N(u)
         q, components = math.ceil(1.5 * (args.order + 1)), 6
     else:  # a bake-off problem: BPk / BKk, k odd scalar, even 3-vector; 1-4 Gauss, 5-6 GLL
         k = getattr(args, "bp", None) or int(problem[-1]) if problem[-1:].isdigit() else 5
@@ -326,11 +352,16 @@ def _validate_flow(args, fail) -> None:
     """``solve kovasznay`` and ``solve cylinder``: ranges, whole numbers of steps, output paths, gmsh."""
     if not 2 <= args.order <= MAX_ORDER:
         fail(f"argument --order: must be an integer in 2..{MAX_ORDER} for Navier-Stokes, got {args.order}")
-    if args.problem == "kovasznay":
+    if args.problem in ("kovasznay", "rbc"):
         if any(e < 1 for e in args.elements):
             fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
-        if not (math.isfinite(args.reynolds) and args.reynolds > 0):
-            fail(f"argument --reynolds: must be a finite number > 0, got {args.reynolds}")
+        numbers = ("reynolds",) if args.problem == "kovasznay" else ("rayleigh", "prandtl", "wavenumber")
+        for arg in numbers:
+            v = getattr(args, arg)
+            if not (math.isfinite(v) and v > 0):
+                fail(f"argument --{arg}: must be a finite number > 0, got {v}")
+        if args.problem == "rbc" and not (math.isfinite(args.amplitude) and args.amplitude >= 0):
+            fail(f"argument --amplitude: must be a finite number >= 0, got {args.amplitude}")
         count, name = math.prod(args.elements), "--elements"
     else:
         if not importlib.util.find_spec("gmsh"):
@@ -393,7 +424,7 @@ def validate(parser: _Parser, args) -> None:
     fail = parser.commands[f"solve {args.problem}" if args.command == "solve" else args.command].error
     if args.command == "info":
         return
-    if args.command == "solve" and args.problem in ("kovasznay", "cylinder"):
+    if args.command == "solve" and args.problem in ("kovasznay", "cylinder", "rbc"):
         _validate_flow(args, fail)
         return
     if not 1 <= args.order <= MAX_ORDER:

@@ -25,7 +25,7 @@ import warnings
 
 from .args import DEFAULTS, build_parser, validate, version  # DEFAULTS: the default problem, for callers
 from .report import (report_advection, report_bench, report_cylinder, report_info, report_kovasznay, report_maxwell,
-                     report_solve, report_tgv)
+                     report_rbc, report_solve, report_tgv)
 
 __all__ = ["main", "build_parser", "DEFAULTS"]
 
@@ -218,6 +218,14 @@ def _dispatch(args, log, quiet: bool):
                                    steady_tol=args.steady_tol, backend=args.backend, place=place, progress=log,
                                    progress_bar=not quiet and first)
             report = report_kovasznay
+        elif args.problem == "rbc":
+            from .rbc import run_rbc
+
+            result = run_rbc(args.order, args.elements, rayleigh=args.rayleigh, prandtl=args.prandtl,
+                             wavenumber=args.wavenumber, t_final=args.t_final, dt=args.dt, sample=args.sample,
+                             amplitude=args.amplitude, backend=args.backend, place=place, progress=log,
+                             progress_bar=not quiet and first)
+            report = report_rbc
         elif args.problem == "cylinder":
             from .cylinder import run_cylinder
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_kovasznay", "report_cylinder",
+__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_kovasznay", "report_rbc", "report_cylinder",
            "report_bench", "report_info"]
 
 def _fmt_device(r: dict) -> str:
@@ -137,6 +137,23 @@ def report_kovasznay(r: dict) -> str:
         f"  run         {_fmt_run(r)}",
         f"  error       relative L2 velocity {r['error_l2_velocity']:.3e}, pressure {r['error_l2_pressure']:.3e}; "
         f"divergence {_fmt_rate(r['divergence'])}, change {_fmt_rate(r['change'])}",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_rbc(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [f"jaxsem {r['jaxsem_version']}: Rayleigh-Benard, Ra {r['rayleigh']:g}, Pr {r['prandtl']:g}, "
+             f"k {r['wavenumber']:g} (rigid walls: Ra_c = {r['critical_rayleigh']:g})",
+             f"  mesh        order {r['order']}, {el} elements, {r['dofs']} points, BDF{r['time_order']}/EXT"
+             f"{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    sigma = r["growth_rate"]
+    trend = "none" if sigma is None else ("grows" if sigma > 0 else "decays")
+    return "\n".join(lines + [
+        f"  run         {_fmt_run(r)}",
+        f"  growth      sigma {_fmt_rate(sigma)} at t = {r['t']:g} (the roll {trend}); Nusselt {r['nusselt']:.6f}",
         f"  device      {_fmt_where(r)}",
     ])
 

@@ -26,14 +26,21 @@ condition of step 3 and whose viscous flux enters step 4), or one velocity on al
 progress bar, NaN check naming the step, checkpoints that carry the BDF history, a
 time series of diagnostics). Sharded over devices or under MPI the same code runs
 per rank inside :meth:`SEM.local_map`.
+
+Scalars (:mod:`.scalars`: a temperature, a concentration) ride along with the same scheme,
+each advected explicitly and diffused implicitly before the flow's step, with conditions per
+group (:class:`Value`, :class:`Flux`) and sources; :class:`Buoyancy` feeds one back into the
+momentum equation (Boussinesq).
 """
 
-from . import runs, scheme
+from . import runs, scalars, scheme
 from .runs import Series, run
 from .boundary import NO_SLIP, Outflow, Symmetry, Velocity
+from .scalars import INSULATED, Buoyancy, Flux, Scalar, Value
 from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
-                     initial_state, setup, simulate, step, surface_force, vorticity, with_coordinates)
+                     initial_state, scalar_flux, setup, simulate, step, surface_force, vorticity, with_coordinates)
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "surface_force", "with_coordinates", "run", "bdf_ext",
-           "Velocity", "Outflow", "Symmetry", "NO_SLIP"]
+           "Velocity", "Outflow", "Symmetry", "NO_SLIP", "Scalar", "Value", "Flux", "INSULATED", "Buoyancy",
+           "scalar_flux"]

@@ -183,16 +183,21 @@ def check_groups(mesh: Mesh, numbering: Numbering, boundary: dict) -> None:
     for g, c in boundary.items():
         if not isinstance(c, (Velocity, Outflow, Symmetry)):
             raise TypeError(f"boundary[{g!r}] must be a Velocity, an Outflow or a Symmetry, got {c!r}")
+    missing = covered(mesh, numbering, boundary)
+    if missing:
+        rest = sorted(set(mesh.boundaries) - set(boundary))
+        raise ValueError(f"boundary gives no condition to {len(missing)} boundary face(s) (the first: face "
+                         f"{missing[0] % 6} of element {missing[0] // 6}); groups not given: {rest}")
+
+
+def covered(mesh: Mesh, numbering: Numbering, boundary: dict) -> list:
+    """The boundary faces of ``mesh`` (as ``6·element + face``) no group of ``boundary`` holds."""
     given = set()
     for g in boundary:
         rows = mesh.boundary(g)
         given.update((rows[:, 0] * 6 + rows[:, 1]).tolist())
     faces = numbering.boundary_faces
-    missing = [k for k in (faces[:, 0] * 6 + faces[:, 1]).tolist() if k not in given]
-    if missing:
-        rest = sorted(set(mesh.boundaries) - set(boundary))
-        raise ValueError(f"boundary gives no condition to {len(missing)} boundary face(s) (the first: face "
-                         f"{missing[0] % 6} of element {missing[0] // 6}); groups not given: {rest}")
+    return [k for k in (faces[:, 0] * 6 + faces[:, 1]).tolist() if k not in given]
 
 
 def resolve(sem: SEM, boundary: dict) -> Conditions:

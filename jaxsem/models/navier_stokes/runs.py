@@ -29,8 +29,9 @@ class Series(NamedTuple):
     (3Eⁿ − 4Eⁿ⁻¹ + Eⁿ⁻²)/(2Δt), second order; from two where the sample has one step),
     ``enstrophy``, ``divergence``, ``cfl``, ``change`` ‖uⁿ⁺¹ − uⁿ‖/(Δt‖uⁿ⁺¹‖) of the sample's
     last step (L2; a steady state drives it to 0); of every step of the sample, the most
-    ``pressure_iterations`` and ``velocity_iterations``, the largest true relative
-    residuals ``pressure_residual`` and ``velocity_residual``, and ``failed_solves`` (solves
+    ``pressure_iterations``, ``velocity_iterations`` and ``scalar_iterations`` (0 without
+    scalars), the largest true relative residuals ``pressure_residual``, ``velocity_residual``
+    and ``scalar_residual``, and ``failed_solves`` (solves
     that missed their tolerance: :func:`run` stops at the first); ``force: (samples, F, 3)`` the
     force on each of ``ns.force_groups`` at the sample's time (:class:`StepInfo`); ``probe:
     (samples, P, 4)`` the velocity (3) and pressure (1) at each of ``ns.probes``' points. The first
@@ -47,6 +48,8 @@ class Series(NamedTuple):
     velocity_iterations: np.ndarray
     pressure_residual: np.ndarray
     velocity_residual: np.ndarray
+    scalar_iterations: np.ndarray
+    scalar_residual: np.ndarray
     failed_solves: np.ndarray
     force: np.ndarray
     probe: np.ndarray
@@ -55,7 +58,7 @@ class Series(NamedTuple):
 _SCALARS = len(Series._fields) - 2  # the scalar columns (all but force and probe)
 _PER_STEP = [Series._fields.index(c) for c in ("dissipation", "change", "pressure_iterations",
                                                "velocity_iterations", "pressure_residual", "velocity_residual",
-                                               "failed_solves")]
+                                               "scalar_iterations", "scalar_residual", "failed_solves")]
 
 
 def _num_probes(ns: NavierStokes) -> int:
@@ -91,18 +94,20 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
         # end they give −dE_k/dt): one global reduction less on every other step
         e = jax.lax.cond(i >= count - 2, lambda st: _kinetic_energy(ns, st), lambda st: nan, st)
         st, info = step(ns, st)
-        p, v = info.pressure, info.velocity
-        failed = ~(p.converged & v.converged)
+        p, v, sc = info.pressure, info.velocity, info.scalar
+        failed = ~(p.converged & v.converged & sc.converged)
         tally = (jnp.maximum(tally[0], p.iterations.astype(dtype)), jnp.maximum(tally[1], v.iterations.astype(dtype)),
                  jnp.fmax(tally[2], p.true_relative_residual.astype(dtype)),
                  jnp.fmax(tally[3], v.true_relative_residual.astype(dtype)),
-                 tally[4] + failed.astype(dtype),
-                 jnp.where((tally[5] == 0) & failed, st.step.astype(dtype), tally[5]))
+                 jnp.maximum(tally[4], sc.iterations.astype(dtype)),
+                 jnp.fmax(tally[5], sc.true_relative_residual.astype(dtype)),
+                 tally[6] + failed.astype(dtype),
+                 jnp.where((tally[7] == 0) & failed, st.step.astype(dtype), tally[7]))
         return st, e, e1, tally, info.force.astype(dtype)
 
     zero = jnp.zeros((), dtype)
     force0 = jnp.zeros((len(ns.force_groups), 3), dtype)
-    st, e1, e2, tally, force = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 6, force0))
+    st, e1, e2, tally, force = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 8, force0))
     d = diagnostics(ns, st)
     e0 = d.kinetic_energy
     three = -(3 * e0 - 4 * e1 + e2) / (2 * ns.dt)
@@ -155,7 +160,7 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     Stopped, naming the step and the time (the last checkpoint is the one before):
     :class:`jaxsem.solvers.stops.SolveFailedError` at the first step whose pressure or velocity
     solve missed its tolerance; :class:`jaxsem.solvers.stops.UnstableRunError` when a sample's
-    CFL passes ``max_cfl`` or, in a flow with no boundary data (no energy enters), its E_k
+    CFL passes ``max_cfl`` or, in a flow with no boundary data and no buoyancy (no energy enters), its E_k
     passes ten times the start's; :class:`jaxsem.solvers.stops.NonFiniteError` at the
     first step whose result is not finite (between samples).
     """
@@ -218,7 +223,7 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
 
 def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
     """The host check of :func:`run` after each chunk: a failed solve, a CFL number past
-    ``options.max_cfl`` or, with no boundary data (no energy enters), E_k grown tenfold stop the
+    ``options.max_cfl`` or, with no boundary data and no buoyancy (no energy enters), E_k grown tenfold stop the
     run, named with the step."""
     limit = ns.options.max_cfl
     col = {name: i for i, name in enumerate(Series._fields)}
@@ -230,17 +235,20 @@ def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
         if failed > 0:
             first = int(row[_SCALARS])
             p_res, v_res = row[col["pressure_residual"]], row[col["velocity_residual"]]
-            which = "pressure" if not p_res <= ns.options.pressure_tol else "velocity"
-            res = p_res if which == "pressure" else v_res
+            s_res = row[col["scalar_residual"]]
+            which = ("pressure" if not p_res <= ns.options.pressure_tol
+                     else "velocity" if not v_res <= ns.options.velocity_tol else "scalar")
+            res = dict(pressure=p_res, velocity=v_res, scalar=s_res)[which]
+            opt = "pressure" if which == "pressure" else "velocity"  # the scalars use the velocity's
             raise SolveFailedError(first, t - (step - first) * dt,
                                    which, res, int(failed),
-                                   f"raise NSOptions.{which}_maxiter or loosen {which}_tol, or lower dt")
+                                   f"raise NSOptions.{opt}_maxiter or loosen {opt}_tol, or lower dt")
         cfl = row[col["cfl"]]
         if cfl > limit:
             raise UnstableRunError(step, t, "CFL", cfl, limit,
                                    f"dt = {dt:.4g} is past the stable step; dt <= {dt * 0.5 / cfl:.3g} gives CFL 0.5 here")
         e = row[col["kinetic_energy"]]
-        if not ns.bc.inflow and e > 10 * e_start + 1e-300:
+        if not ns.bc.inflow and ns.buoyancy is None and e > 10 * e_start + 1e-300:
             raise UnstableRunError(step, t, "kinetic energy", e, 10 * e_start,
                                    "no energy enters this flow (no boundary data), so E_k cannot grow tenfold; "
                                    f"lower dt = {dt:.4g}")

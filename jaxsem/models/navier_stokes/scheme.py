@@ -24,10 +24,11 @@ from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
 from ...solvers.timestepping import Checkpointing, checkpointed_scan
+from . import scalars as scalars_
 from .boundary import Conditions, Velocity, check_groups, resolve
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
-           "surface_force", "with_coordinates", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
+           "surface_force", "scalar_flux", "with_coordinates", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
 
 def bdf_ext(k: int):
     """``(β, a)`` of BDFk/EXTk for a fixed step: β = (β₀, β₁, …, β_k) with
@@ -121,6 +122,10 @@ class NavierStokes:
       probes: the :class:`~jaxsem.discretization.probes.Probes` whose velocity and pressure
         :func:`run`'s series records at every sample, or None.
       options: static :class:`NSOptions`; volume: static |Ω|.
+      scalars: the :class:`~jaxsem.models.navier_stokes.scalars.ScalarField` of each scalar
+        (``()``: none), in the order of the state's ``T``.
+      buoyancy: the :class:`~jaxsem.models.navier_stokes.scalars.BuoyancyTerm` a scalar drives,
+        or None.
     """
 
     sem: SEM
@@ -136,6 +141,13 @@ class NavierStokes:
     options: NSOptions = dataclasses.field(metadata=dict(static=True))
     force_groups: tuple = dataclasses.field(metadata=dict(static=True))
     volume: float = dataclasses.field(metadata=dict(static=True))
+    scalars: tuple = ()
+    buoyancy: object = None
+
+    @property
+    def scalar_names(self) -> tuple:
+        """The names of the scalars, in the order of the state's ``T``."""
+        return tuple(f.name for f in self.scalars)
 
     @property
     def walls(self) -> bool:
@@ -157,7 +169,9 @@ class State:
     the convective terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels; ``P: (k, E, n, n, n)`` the
     pressures pⁿ, pⁿ⁻¹, … (zero mean; extrapolated, they start the next pressure solve);
     ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()`` int32 past levels held (the
-    next step runs at order min(past + 1, k)).
+    next step runs at order min(past + 1, k)); ``T: (k, S, E, n, n, n)`` the S scalars θⁿ,
+    θⁿ⁻¹, … and ``FT: (k, S, E, n, n, n)`` their advection terms of the past levels (S = 0:
+    no scalars).
     """
 
     U: jax.Array
@@ -166,6 +180,8 @@ class State:
     step: jax.Array
     t: jax.Array
     past: jax.Array
+    T: jax.Array
+    FT: jax.Array
 
     @property
     def u(self):
@@ -177,6 +193,11 @@ class State:
         """``(E, n, n, n)`` the current pressure (zero mean; 0 before the first step)."""
         return self.P[0]
 
+    @property
+    def theta(self):
+        """``(S, E, n, n, n)`` the current scalars."""
+        return self.T[0]
+
 
 class StabilityWarning(UserWarning):
     """A run starts with a CFL number above 1: stable only where viscosity damps the convection."""
@@ -186,11 +207,14 @@ class StepInfo(NamedTuple):
     """The solves of one step: pressure and velocity :class:`PCGInfo`; ``force: (F, 3)`` the
     force of the flow on each of ``ns.force_groups`` at the new time level (density 1), from
     the residual of the discrete momentum equation on the group's nodes
-    (:func:`_forces_local`), ``(0, 3)`` when none is asked for."""
+    (:func:`_forces_local`), ``(0, 3)`` when none is asked for; ``scalar``: the scalars' solves
+    merged (the most iterations, the largest residuals, converged only if all did; an empty
+    converged solve without scalars)."""
 
     pressure: PCGInfo
     velocity: PCGInfo
     force: jax.Array
+    scalar: PCGInfo
 
 
 class Diagnostics(NamedTuple):
@@ -205,8 +229,8 @@ class Diagnostics(NamedTuple):
 
 
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None = None,
-          forces=(), probes=None, options: NSOptions = NSOptions(), backend: str = "auto", devices=None, comm=None,
-          partition=None) -> NavierStokes:
+          forces=(), probes=None, scalars=None, buoyancy=None, options: NSOptions = NSOptions(),
+          backend: str = "auto", devices=None, comm=None, partition=None) -> NavierStokes:
     """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
 
     Args:
@@ -223,10 +247,15 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
       forces: names of boundary groups whose force :class:`StepInfo` reports each step.
       probes: ``(P, 3)`` points (in the mesh) whose velocity and pressure :func:`run`'s series
         records at every sample (``Series.probe``), or None.
+      scalars: None, or :class:`~jaxsem.models.navier_stokes.scalars.Scalar` s (one or a
+        sequence) carried by the flow, each with its diffusivity, conditions per group and
+        source; their solves use ``options``' velocity tolerance and iteration cap.
+      buoyancy: None, or a :class:`~jaxsem.models.navier_stokes.scalars.Buoyancy`: the
+        force per unit mass one scalar exerts on the flow (Boussinesq).
       options: :class:`NSOptions`.
       backend, devices, comm, partition: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt``, ``boundary`` (unknown
-    groups, faces without a condition) or ``forces``.
+    groups, faces without a condition), ``forces``, ``scalars`` or ``buoyancy``.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -244,7 +273,10 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
                          f"{sorted(mesh.boundaries)}")
     if not isinstance(options, NSOptions):
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
+    scalars = scalars_.check_scalars(scalars, buoyancy)
     numbering = number_nodes(mesh)
+    for c in scalars:
+        scalars_.check_groups(mesh, numbering, c)
     kw = dict(backend=backend, devices=devices, comm=comm, partition=partition, numbering=numbering)
     if isinstance(boundary, dict):
         check_groups(mesh, numbering, boundary)
@@ -280,10 +312,23 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
     located = None
     if probes is not None:
         located = probes_.locate(sem, np.asarray(probes, dtype=np.float64).reshape(-1, 3))
+    fields = tuple(scalars_.resolve(sem, c) for c in scalars)
+    for c in scalars:
+        for f in (c.source,) + tuple(getattr(v, "data", None) for v in (c.boundary or {}).values()):
+            if callable(f):
+                probe = jax.eval_shape(f, sem.x[0], sem.x[1], sem.x[2], 0.0)
+                if probe.shape not in ((), sem.x.shape[1:]):
+                    raise ValueError(f"scalar {c.name!r}: data must return values shaped like its coordinates "
+                                     f"{sem.x.shape[1:]}, got {probe.shape}")
+    lift = None
+    if buoyancy is not None:
+        lift = scalars_.BuoyancyTerm(vector=jnp.asarray(buoyancy.vector, sem.x.dtype),
+                                     reference=jnp.asarray(float(buoyancy.reference), sem.x.dtype),
+                                     index=[c.name for c in scalars].index(buoyancy.scalar))
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
                         dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
                         probes=located,
-                        options=options, force_groups=forces, volume=volume)
+                        options=options, force_groups=forces, volume=volume, scalars=fields, buoyancy=lift)
 
 
 def _dealias_rule(order: int, n: int, dealias: bool, dtype):
@@ -309,8 +354,10 @@ def with_coordinates(ns: NavierStokes, x) -> NavierStokes:
     bc = ns.bc
     if bc.surfaces:
         bc = dataclasses.replace(bc, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in bc.surfaces))
+    fields = tuple(dataclasses.replace(f, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in f.surfaces))
+                   for f in ns.scalars)
     return dataclasses.replace(ns, sem=sem, pressure=dataclasses.replace(ns.pressure, sem=psem), binv=binv,
-                               Brx=Brx, bc=bc)
+                               Brx=Brx, bc=bc, scalars=fields)
 
 
 def _fields(s: SEM, Jd, Dd, wd):
@@ -346,8 +393,14 @@ def _curl(ns, s, u):
 
 def _convection(ns: NavierStokes, s: SEM, u):
     """N(u) = −(u·∇)u nodal (weak on the dealiasing rule, assembled, times B⁻¹): ``(3, E, n, n, n)``."""
+    return _advection(ns, s, u, u)
+
+
+def _advection(ns: NavierStokes, s: SEM, u, c):
+    """−(u·∇)c nodal for fields ``c: (m, E, n, n, n)`` carried by ``u: (3, E, n, n, n)`` (weak on
+    the dealiasing rule, assembled, times B⁻¹): ``(m, E, n, n, n)``."""
     J = ns.Jd
-    ur, us, ut = grad_gll(u, s.D)
+    ur, us, ut = grad_gll(c, s.D)
     uq = interp(u, J)
     c = [ns.Brx[a, 0] * uq[0] + ns.Brx[a, 1] * uq[1] + ns.Brx[a, 2] * uq[2] for a in range(3)]
     w = c[0] * interp(ur, J) + c[1] * interp(us, J) + c[2] * interp(ut, J)
@@ -400,11 +453,55 @@ def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
         u, info = solve_local(V, b, x0=m[c] * ux[c], tol=o.velocity_tol, maxiter=o.velocity_maxiter)
         us.append(u)
         infos.append(info)
+    return jnp.stack(us), _merge(infos)
+
+
+def _merge(infos) -> PCGInfo:
+    """Several solves as one :class:`PCGInfo`: the most iterations, the largest residuals,
+    converged only if all did."""
     merge = {"converged": lambda a: jnp.all(a, axis=0), "breakdown": lambda a: jnp.any(a, axis=0),
              "history": lambda a: jnp.nanmax(a, axis=0)}
-    info = PCGInfo(*(merge.get(f, lambda a: jnp.max(a, axis=0))(jnp.stack([getattr(i, f) for i in infos]))
+    return PCGInfo(*(merge.get(f, lambda a: jnp.max(a, axis=0))(jnp.stack([getattr(i, f) for i in infos]))
                      for f in PCGInfo._fields))
-    return jnp.stack(us), info
+
+
+def _no_solve(ns: NavierStokes) -> PCGInfo:
+    """The :class:`PCGInfo` of no solve (a flow without scalars): converged, 0 iterations."""
+    dtype = ns.sem.x.dtype
+    zero = jnp.zeros((), dtype)
+    return PCGInfo(iterations=jnp.zeros((), jnp.int32), residual=zero, residual0=zero,
+                   converged=jnp.asarray(True), history=jnp.full((ns.options.velocity_maxiter + 1,), jnp.nan, dtype),
+                   true_relative_residual=zero, breakdown=jnp.asarray(False))
+
+
+def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
+    """The scalars at the new level: ``(T, FT, PCGInfo)``. Advection extrapolated from the past
+    levels' velocity and scalars; (β₀/Δt B + κA)θ = B(Σβᵢθⁿ⁺¹⁻ⁱ/Δt + Σaᵢ N_θ + q) + ∮ v g,
+    θ = θ₀ + the Value data."""
+    if not ns.scalars:
+        return st.T, st.FT, _no_solve(ns)
+    o, dt = ns.options, ns.dt
+    FT = jnp.concatenate([_advection(ns, s, st.U[0], st.T[0])[None], st.FT[:-1]])
+    Tb = jnp.tensordot(beta[1:], st.T, 1) / dt
+    Fx = jnp.tensordot(a, FT, 1)
+    Tx = jnp.tensordot(a, st.T, 1)
+    h2 = beta[0] / dt
+    out, infos = [], []
+    for i, f in enumerate(ns.scalars):
+        ts = f.sem(s)
+        H = Helmholtz.of(ts, f.kappa, h2)
+        w = s.bmass * (Tb[i] + Fx[i])
+        if f.source is not None:
+            w = w + s.bmass * jnp.asarray(f.source(s.x[0], s.x[1], s.x[2], t1), s.x.dtype)
+        g = f.flux(s, t1)
+        b = ts.mask * s.dssum(w if g is None else w + g)
+        L = f.values(s, t1) if f.value_data else None
+        if L is not None:
+            b = b - H.apply(L)
+        th, info = solve_local(H, b, x0=ts.mask * Tx[i], tol=o.velocity_tol, maxiter=o.velocity_maxiter)
+        out.append(th if L is None else th + L)
+        infos.append(info)
+    return jnp.concatenate([jnp.stack(out)[None], st.T[:-1]]), FT, _merge(infos)
 
 
 def _step_local(ns: NavierStokes, st: State):
@@ -416,8 +513,12 @@ def _step_local(ns: NavierStokes, st: State):
     beta, a = Btab[j], Atab[j]
     t1 = st.t + dt
 
+    T, FT, sinfo = _scalars_local(ns, s, st, beta, a, t1)
     F = jnp.concatenate([_convection(ns, s, st.U[0])[None], st.F[:-1]])
     Fx = jnp.tensordot(a, F, 1)
+    if ns.buoyancy is not None:  # the new scalar's force (Boussinesq)
+        bu = ns.buoyancy
+        Fx = Fx + bu.vector[:, None, None, None, None] * (T[0, bu.index] - bu.reference)[None]
     Ub = jnp.tensordot(beta[1:], st.U, 1) / dt
     ux = jnp.tensordot(a, st.U, 1)
     R = Ub + Fx - ns.nu * _curl(ns, s, _curl(ns, s, ux))
@@ -451,7 +552,8 @@ def _step_local(ns: NavierStokes, st: State):
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
     force = _forces_local(ns, s, V, u, p, Ub + Fx)
-    return State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1), StepInfo(pinfo, vinfo, force)
+    return (State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT),
+            StepInfo(pinfo, vinfo, force, sinfo))
 
 
 def _forces_local(ns: NavierStokes, s: SEM, V: Helmholtz, u, p, f):
@@ -504,16 +606,23 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
     return (st, infos) if info else st
 
 
-def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None) -> State:
+def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None,
+                  scalars: dict | None = None) -> State:
     """The state at ``t0`` from ``velocity``: a callable ``(x, y, z) -> (3, ...)`` (jnp) or a
     ``(3, E, n, n, n)`` array of nodal values; on Dirichlet nodes the boundary data at ``t0``
     replaces it.
+
+    ``scalars``: ``{name: θ₀}`` the initial value of each scalar of ``ns``, a number, a callable
+    ``(x, y, z) -> (...)`` or an ``(E, n, n, n)`` array (a scalar not given starts at 0); on its
+    :class:`~jaxsem.models.navier_stokes.scalars.Value` nodes the data at ``t0`` replaces it.
 
     ``past``: None (the first steps ramp the order up, 1, 2, …, k, as Nek does: the
     first-order start limits the global error to O(Δt²) for k = 3), or ``u(x, y, z, t)``
     giving the velocity at ``t0 − Δt``, ``t0 − 2Δt``, … (an exact solution), so that every
     step runs at order k.
     """
+    if past is not None and ns.scalars:
+        raise ValueError("past (an exact velocity history) is not supported with scalars: start them at order 1")
     s = ns.sem
     u = velocity(s.x[0], s.x[1], s.x[2]) if callable(velocity) else velocity
     levels = [_nodal(ns, u, t0, "velocity")]
@@ -527,7 +636,35 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
     F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _convection(ns_, s_, v), ns, U[i]) for i in range(1, k)]
                   + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
     step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
-    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_)
+    th = _scalar_start(ns, scalars or {}, t0)
+    T = jnp.stack([th] * k)
+    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_, T=T, FT=jnp.zeros_like(T))
+
+
+def _scalar_start(ns: NavierStokes, given: dict, t0) -> jax.Array:
+    """``(S, E, n, n, n)`` the scalars' start values (checked), with their Value data at ``t0``."""
+    if not isinstance(given, dict):
+        raise TypeError(f"scalars must be a dict {{name: initial value}}, got {type(given).__name__}")
+    unknown = [k for k in given if k not in ns.scalar_names]
+    if unknown:
+        raise ValueError(f"scalars names {unknown}, which the flow does not carry; its scalars: "
+                         f"{list(ns.scalar_names)}")
+    s = ns.sem
+    out = []
+    for f in ns.scalars:
+        v = given.get(f.name, 0.0)
+        v = v(s.x[0], s.x[1], s.x[2]) if callable(v) else v
+        v = jnp.broadcast_to(jnp.asarray(v, s.x.dtype), s.mask.shape)
+        if not isinstance(v, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(v))):
+            raise ValueError(f"scalars[{f.name!r}] has NaN/Inf values")
+
+        def local(s_, f_, v_):
+            return s_.valid * (f_.mask * v_ + (f_.values(s_, t0) if f_.value_data else 0.0))
+
+        out.append(s.local_map(local, f, v))
+    if out:
+        return jnp.stack(out)
+    return s.local_map(lambda s_: jnp.zeros((0,) + s_.mask.shape, s_.x.dtype))  # laid out as the fields
 
 
 def _nodal(ns: NavierStokes, u, t, name):
@@ -578,6 +715,19 @@ def surface_force(ns: NavierStokes, state: State, group: str):
     # traction_j = −p n_j + ν Σ_i (∂u_j/∂x_i + ∂u_i/∂x_j) n_i
     t = -pf * nf + ns.nu * (jnp.einsum("ij...,i...->j...", gf, nf) + jnp.einsum("ji...,i...->j...", gf, nf))
     return -sf.integrate(ns.sem, surf, t)
+
+
+def scalar_flux(ns: NavierStokes, state: State, scalar: str, group: str):
+    """``()`` the diffusive flux of ``scalar`` into the flow through the boundary ``group``,
+    ∮ κ ∇θ·n dA of ``state`` (n out of the flow, so that the flux −κ∇θ·n leaving through the
+    wall is its negative; the gradient element-local, read on the boundary): a wall's heat
+    flux, from which a Nusselt number follows. ``ValueError`` naming an unknown scalar."""
+    if scalar not in ns.scalar_names:
+        raise ValueError(f"scalar {scalar!r} is not carried by this flow; its scalars: {list(ns.scalar_names)}")
+    i = ns.scalar_names.index(scalar)
+    surf = sf.surface(ns.sem, (group,))
+    g = ns.sem.local_map(lambda s, th: _grad(s, th[None])[:, 0], state.T[0, i])  # (3, E, n, n, n)
+    return ns.scalars[i].kappa * sf.flux(ns.sem, surf, g)
 
 
 def vorticity(ns: NavierStokes, state: State):
