@@ -30,12 +30,15 @@ per rank inside :meth:`SEM.local_map`.
 Scalars (:mod:`.scalars`: a temperature, a concentration) ride along with the same scheme,
 each advected explicitly and diffused implicitly before the flow's step, with conditions per
 group (:class:`Value`, :class:`Flux`) and sources; :class:`Buoyancy` feeds one back into the
-momentum equation (Boussinesq).
+momentum equation (Boussinesq). A flow along a periodic axis is driven by a held flow rate
+(:class:`FlowRate`, Nek's per-step correction) or a given mean pressure gradient
+(:class:`PressureGradient`), :mod:`.driving`.
 """
 
-from . import runs, scalars, scheme
+from . import driving, runs, scalars, scheme
 from .runs import Series, run
 from .boundary import NO_SLIP, Outflow, Symmetry, Velocity
+from .driving import FlowRate, PressureGradient
 from .scalars import INSULATED, Buoyancy, Flux, Scalar, Value
 from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
                      initial_state, scalar_flux, setup, simulate, step, surface_force, vorticity, with_coordinates)
@@ -43,4 +46,4 @@ from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, Sta
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "surface_force", "with_coordinates", "run", "bdf_ext",
            "Velocity", "Outflow", "Symmetry", "NO_SLIP", "Scalar", "Value", "Flux", "INSULATED", "Buoyancy",
-           "scalar_flux"]
+           "scalar_flux", "FlowRate", "PressureGradient"]

@@ -28,7 +28,10 @@ class Series(NamedTuple):
     ``dissipation`` (−dE_k/dt at the sample time from the energies of its last three steps,
     (3Eⁿ − 4Eⁿ⁻¹ + Eⁿ⁻²)/(2Δt), second order; from two where the sample has one step),
     ``enstrophy``, ``divergence``, ``cfl``, ``change`` ‖uⁿ⁺¹ − uⁿ‖/(Δt‖uⁿ⁺¹‖) of the sample's
-    last step (L2; a steady state drives it to 0); of every step of the sample, the most
+    last step (L2; a steady state drives it to 0); ``bulk_velocity`` and ``driving``: with a
+    drive (:mod:`.driving`), the bulk velocity along its axis and the force per unit mass applied
+    (the mean pressure gradient) at the sample's last step (NaN without); of every step of the
+    sample, the most
     ``pressure_iterations``, ``velocity_iterations`` and ``scalar_iterations`` (0 without
     scalars), the largest true relative residuals ``pressure_residual``, ``velocity_residual``
     and ``scalar_residual``, and ``failed_solves`` (solves
@@ -44,6 +47,8 @@ class Series(NamedTuple):
     divergence: np.ndarray
     cfl: np.ndarray
     change: np.ndarray
+    bulk_velocity: np.ndarray
+    driving: np.ndarray
     pressure_iterations: np.ndarray
     velocity_iterations: np.ndarray
     pressure_residual: np.ndarray
@@ -56,7 +61,8 @@ class Series(NamedTuple):
 
 
 _SCALARS = len(Series._fields) - 2  # the scalar columns (all but force and probe)
-_PER_STEP = [Series._fields.index(c) for c in ("dissipation", "change", "pressure_iterations",
+_PER_STEP = [Series._fields.index(c) for c in ("dissipation", "change", "bulk_velocity", "driving",
+                                               "pressure_iterations",
                                                "velocity_iterations", "pressure_residual", "velocity_residual",
                                                "scalar_iterations", "scalar_residual", "failed_solves")]
 
@@ -89,7 +95,7 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
     nan = jnp.asarray(jnp.nan, dtype)
 
     def body(i, c):
-        st, e1, _, tally, _ = c
+        st, e1, _, tally, _, _ = c
         # E_k before this step, needed only before the sample's last two (with the energy at its
         # end they give −dE_k/dt): one global reduction less on every other step
         e = jax.lax.cond(i >= count - 2, lambda st: _kinetic_energy(ns, st), lambda st: nan, st)
@@ -103,16 +109,18 @@ def _advance(ns: NavierStokes, chunk, y, m0, count):
                  jnp.fmax(tally[5], sc.true_relative_residual.astype(dtype)),
                  tally[6] + failed.astype(dtype),
                  jnp.where((tally[7] == 0) & failed, st.step.astype(dtype), tally[7]))
-        return st, e, e1, tally, info.force.astype(dtype)
+        return st, e, e1, tally, info.force.astype(dtype), info.drive.astype(dtype)
 
     zero = jnp.zeros((), dtype)
     force0 = jnp.zeros((len(ns.force_groups), 3), dtype)
-    st, e1, e2, tally, force = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 8, force0))
+    st, e1, e2, tally, force, drive = jax.lax.fori_loop(0, count, body, (st, nan, nan, (zero,) * 8, force0,
+                                                                         jnp.full((2,), nan)))
     d = diagnostics(ns, st)
     e0 = d.kinetic_energy
     three = -(3 * e0 - 4 * e1 + e2) / (2 * ns.dt)
     diss = jnp.where(count >= 2, three, -(e0 - e1) / ns.dt)
-    row = jnp.concatenate([jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, _change(ns, st), *tally]),
+    row = jnp.concatenate([jnp.stack([st.t, e0, diss, d.enstrophy, d.divergence, d.cfl, _change(ns, st), *drive,
+                                      *tally]),
                            force.ravel(), _probe_values(ns, st)])
     rows = rows.at[(m0 + count + chunk - 1) // chunk].set(row)
     return st, rows
@@ -160,8 +168,8 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     Stopped, naming the step and the time (the last checkpoint is the one before):
     :class:`jaxsem.solvers.stops.SolveFailedError` at the first step whose pressure or velocity
     solve missed its tolerance; :class:`jaxsem.solvers.stops.UnstableRunError` when a sample's
-    CFL passes ``max_cfl`` or, in a flow with no boundary data and no buoyancy (no energy enters), its E_k
-    passes ten times the start's; :class:`jaxsem.solvers.stops.NonFiniteError` at the
+    CFL passes ``max_cfl`` or, in a flow with no boundary data, buoyancy or drive (no energy
+    enters), its E_k passes ten times the start's; :class:`jaxsem.solvers.stops.NonFiniteError` at the
     first step whose result is not finite (between samples).
     """
     if not isinstance(options, driver.RunOptions):
@@ -223,8 +231,8 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
 
 def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
     """The host check of :func:`run` after each chunk: a failed solve, a CFL number past
-    ``options.max_cfl`` or, with no boundary data and no buoyancy (no energy enters), E_k grown tenfold stop the
-    run, named with the step."""
+    ``options.max_cfl`` or, with no boundary data, buoyancy or drive (no energy enters), E_k grown
+    tenfold stop the run, named with the step."""
     limit = ns.options.max_cfl
     col = {name: i for i, name in enumerate(Series._fields)}
 
@@ -248,7 +256,7 @@ def _checker(ns: NavierStokes, chunk: int, dt: float, e_start: float):
             raise UnstableRunError(step, t, "CFL", cfl, limit,
                                    f"dt = {dt:.4g} is past the stable step; dt <= {dt * 0.5 / cfl:.3g} gives CFL 0.5 here")
         e = row[col["kinetic_energy"]]
-        if not ns.bc.inflow and ns.buoyancy is None and e > 10 * e_start + 1e-300:
+        if not ns.bc.inflow and ns.buoyancy is None and ns.drive is None and e > 10 * e_start + 1e-300:
             raise UnstableRunError(step, t, "kinetic energy", e, 10 * e_start,
                                    "no energy enters this flow (no boundary data), so E_k cannot grow tenfold; "
                                    f"lower dt = {dt:.4g}")

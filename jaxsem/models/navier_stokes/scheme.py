@@ -24,6 +24,7 @@ from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
 from ...solvers.timestepping import Checkpointing, checkpointed_scan
+from . import driving
 from . import scalars as scalars_
 from .boundary import Conditions, Velocity, check_groups, resolve
 
@@ -126,6 +127,8 @@ class NavierStokes:
         (``()``: none), in the order of the state's ``T``.
       buoyancy: the :class:`~jaxsem.models.navier_stokes.scalars.BuoyancyTerm` a scalar drives,
         or None.
+      drive: the :class:`~jaxsem.models.navier_stokes.driving.Drive` (a held flow rate or a
+        pressure gradient along a periodic axis), or None.
     """
 
     sem: SEM
@@ -143,6 +146,7 @@ class NavierStokes:
     volume: float = dataclasses.field(metadata=dict(static=True))
     scalars: tuple = ()
     buoyancy: object = None
+    drive: object = None
 
     @property
     def scalar_names(self) -> tuple:
@@ -209,12 +213,15 @@ class StepInfo(NamedTuple):
     the residual of the discrete momentum equation on the group's nodes
     (:func:`_forces_local`), ``(0, 3)`` when none is asked for; ``scalar``: the scalars' solves
     merged (the most iterations, the largest residuals, converged only if all did; an empty
-    converged solve without scalars)."""
+    converged solve without scalars); ``drive: (2,)`` with a drive, the bulk velocity along its
+    axis after the step and the force per unit mass applied (the mean pressure gradient), NaN
+    without one."""
 
     pressure: PCGInfo
     velocity: PCGInfo
     force: jax.Array
     scalar: PCGInfo
+    drive: jax.Array
 
 
 class Diagnostics(NamedTuple):
@@ -229,7 +236,7 @@ class Diagnostics(NamedTuple):
 
 
 def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None = None,
-          forces=(), probes=None, scalars=None, buoyancy=None, options: NSOptions = NSOptions(),
+          forces=(), probes=None, scalars=None, buoyancy=None, drive=None, options: NSOptions = NSOptions(),
           backend: str = "auto", devices=None, comm=None, partition=None) -> NavierStokes:
     """Discretize a flow problem on ``mesh`` and build the pressure preconditioner.
 
@@ -252,10 +259,13 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
         source; their solves use ``options``' velocity tolerance and iteration cap.
       buoyancy: None, or a :class:`~jaxsem.models.navier_stokes.scalars.Buoyancy`: the
         force per unit mass one scalar exerts on the flow (Boussinesq).
+      drive: None, a :class:`~jaxsem.models.navier_stokes.driving.FlowRate` (the bulk
+        velocity along a periodic axis held every step) or a
+        :class:`~jaxsem.models.navier_stokes.driving.PressureGradient` (a uniform force along it).
       options: :class:`NSOptions`.
       backend, devices, comm, partition: as :func:`jaxsem.discretize`.
     Raises ``ValueError`` naming the argument for a bad ``nu``, ``dt``, ``boundary`` (unknown
-    groups, faces without a condition), ``forces``, ``scalars`` or ``buoyancy``.
+    groups, faces without a condition), ``forces``, ``scalars``, ``buoyancy`` or ``drive``.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jaxsem Mesh, got {type(mesh).__name__}")
@@ -274,6 +284,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
     if not isinstance(options, NSOptions):
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
     scalars = scalars_.check_scalars(scalars, buoyancy)
+    if drive is not None and not isinstance(drive, (driving.FlowRate, driving.PressureGradient)):
+        raise TypeError(f"drive must be None, a FlowRate or a PressureGradient, got {drive!r}")
     numbering = number_nodes(mesh)
     for c in scalars:
         scalars_.check_groups(mesh, numbering, c)
@@ -328,7 +340,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
                         dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
                         probes=located,
-                        options=options, force_groups=forces, volume=volume, scalars=fields, buoyancy=lift)
+                        options=options, force_groups=forces, volume=volume, scalars=fields, buoyancy=lift,
+                        drive=driving.resolve(sem, drive))
 
 
 def _dealias_rule(order: int, n: int, dealias: bool, dtype):
@@ -519,6 +532,9 @@ def _step_local(ns: NavierStokes, st: State):
     if ns.buoyancy is not None:  # the new scalar's force (Boussinesq)
         bu = ns.buoyancy
         Fx = Fx + bu.vector[:, None, None, None, None] * (T[0, bu.index] - bu.reference)[None]
+    dr = ns.drive
+    if dr is not None and not dr.flow_rate:  # a uniform force along the axis
+        Fx = Fx.at[dr.axis].add(dr.value * s.valid)
     Ub = jnp.tensordot(beta[1:], st.U, 1) / dt
     ux = jnp.tensordot(a, st.U, 1)
     R = Ub + Fx - ns.nu * _curl(ns, s, _curl(ns, s, ux))
@@ -549,11 +565,22 @@ def _step_local(ns: NavierStokes, st: State):
     else:
         u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
     u = u0 if L is None else u0 + L
+    drive = jnp.full((2,), jnp.nan, dtype)
+    if dr is not None:
+        push = dr.value
+        if dr.flow_rate:  # u* + α u_s, u_s the step's response to a unit force along the axis
+            us, uinfo = solve_local(V, s.mask * s.dssum(s.bmass), x0=jnp.zeros_like(s.mask), tol=o.velocity_tol,
+                                    maxiter=o.velocity_maxiter)
+            vinfo = _merge([vinfo, uinfo])
+            push = (dr.value - s.integrate(u[dr.axis]) / ns.volume) / (s.integrate(us) / ns.volume)
+            u = u.at[dr.axis].add(push * us)
+            Fx = Fx.at[dr.axis].add(push * s.valid)
+        drive = jnp.stack([s.integrate(u[dr.axis]) / ns.volume, push])
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
     force = _forces_local(ns, s, V, u, p, Ub + Fx)
     return (State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT),
-            StepInfo(pinfo, vinfo, force, sinfo))
+            StepInfo(pinfo, vinfo, force, sinfo, drive))
 
 
 def _forces_local(ns: NavierStokes, s: SEM, V: Helmholtz, u, p, f):
