@@ -32,10 +32,11 @@ each advected explicitly and diffused implicitly before the flow's step, with co
 group (:class:`Value`, :class:`Flux`) and sources; :class:`Buoyancy` feeds one back into the
 momentum equation (Boussinesq). A flow along a periodic axis is driven by a held flow rate
 (:class:`FlowRate`, Nek's per-step correction) or a given mean pressure gradient
-(:class:`PressureGradient`), :mod:`.driving`.
+(:class:`PressureGradient`), :mod:`.driving`. :mod:`.statistics` keeps running averages,
+Reynolds stresses, plane profiles and the wall shear of long runs.
 """
 
-from . import driving, runs, scalars, scheme
+from . import driving, runs, scalars, scheme, statistics
 from .runs import Series, run
 from .boundary import NO_SLIP, Outflow, Symmetry, Velocity
 from .driving import FlowRate, PressureGradient
