@@ -120,6 +120,10 @@ BAD = [
     (["solve", "rbc", "--dt", "0.003"], "--dt"),  # does not divide the 0.1 sample
     (["solve", "rbc", "--t-final", "0.15"], "--t-final"),
     (["solve", "rbc", "--elements", "3", "1"], "--elements"),
+    (["solve", "channel", "--average-from", "200"], "--average-from"),
+    (["solve", "channel", "--reynolds-bulk", "0"], "--reynolds-bulk"),
+    (["solve", "channel", "--lengths", "1", "-1"], "--lengths"),
+    (["solve", "channel", "--resume", "/nonexistent/ck.npz"], "--resume"),
 ]
 
 
@@ -130,6 +134,7 @@ def _no_work(monkeypatch):
     monkeypatch.setattr("jaxsem.app.kovasznay.run_kovasznay", no_jax_work)
     monkeypatch.setattr("jaxsem.app.cylinder.run_cylinder", no_jax_work)
     monkeypatch.setattr("jaxsem.app.rbc.run_rbc", no_jax_work)
+    monkeypatch.setattr("jaxsem.app.channel.run_channel", no_jax_work)
 
 
 @pytest.mark.parametrize("argv,name", BAD, ids=[" ".join(a) for a, _ in BAD])
@@ -171,3 +176,33 @@ def test_rayleigh_benard_onset(capsys):
     assert sigma[1650.0] < 0 < sigma[1770.0], sigma
     ra_c = 1650.0 + 120.0 * (-sigma[1650.0]) / (sigma[1770.0] - sigma[1650.0])
     assert abs(ra_c - 1707.76) < 0.01 * 1707.76, ra_c
+
+
+CHANNEL = ["solve", "channel", "--order", "3", "--elements", "2", "2", "2", "--reynolds-bulk", "400",
+           "--sample", "0.25", "--average-from", "0.5", "--json", "-q"]
+
+
+@pytest.mark.slow
+def test_channel_record_and_a_resumed_run_equal_one_run(capsys, tmp_path):
+    """A tiny laminar channel (Re_b 400): the bulk velocity held at 1, averages from t = 0.5,
+    Re_tau from the wall shear agrees with the one from the mean pressure gradient (the momentum
+    balance, to 1%), profiles in wall units, files; stopped at t = 0.5 and resumed from its
+    checkpoint, the run ends with the same record as one run to t = 1 (bit for bit)."""
+    ck = str(tmp_path / "ch.npz")
+    assert cli.main(CHANNEL + ["--t-final", "1.0", "--out", str(tmp_path / "out")]) == 0
+    one = _json(capsys)
+    assert one["status"] == "t_final" and one["samples_averaged"] == 2 and one["u_bulk"] == pytest.approx(1.0, abs=1e-12)
+    c = one["comparison"]
+    assert c["re_tau"] == pytest.approx(c["re_tau_from_gradient"], rel=1e-2)
+    p = one["profiles"]
+    assert p["y_plus"][0] == 0.0 and p["u_plus"][0] == pytest.approx(0.0, abs=1e-12) and np.all(np.diff(p["y_plus"]) > 0)
+    with open(tmp_path / "out" / "channel.csv") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0][:2] == ["y_plus", "u_plus"] and len(rows) == len(p["y_plus"]) + 1
+    assert cli.main(CHANNEL + ["--t-final", "0.5", "--checkpoint", ck]) == 0
+    half = _json(capsys)
+    assert half["re_tau"] is None and half["samples_averaged"] == 0
+    assert cli.main(CHANNEL + ["--t-final", "1.0", "--resume", ck]) == 0
+    resumed = _json(capsys)
+    assert resumed["re_tau"] == one["re_tau"] and resumed["profiles"] == one["profiles"]
+    assert resumed["series"] == one["series"]

@@ -21,6 +21,7 @@ MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
 PROBLEMS = ("poisson", "maxwell", "advection")
 TIME_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4")
 KOVASZNAY_DEFAULTS = dict(order=6, elements=(3, 4, 1), t_final=20.0, steady_tol=1e-9)
+CHANNEL_DEFAULTS = dict(order=7, elements=(8, 8, 8), t_final=100.0, average_from=50.0, sample=0.5)
 RBC_DEFAULTS = dict(order=5, elements=(3, 1, 3), rayleigh=1800.0, t_final=1.0, sample=0.1, dt=0.002)
 # per DFG case: (t_final, sample) in seconds
 CYLINDER_DEFAULTS = {"2D-1": (30.0, 0.1), "2D-2": (8.0, 0.01), "3D-1Z": (30.0, 0.1)}
@@ -245,7 +246,34 @@ def _flow_parsers(probs) -> None:
                    help="interval of the growth rate and Nusselt series (default 0.1)")
     r.add_argument("--dt", type=float, default=RBC_DEFAULTS["dt"], help="time step, dividing --sample "
                    "(default 0.002)")
-    for sp in (k, c, r):
+    h = probs.add_parser("channel", help="turbulent channel flow at a held bulk Reynolds number, averaged, against "
+                         "the DNS at Re_tau = 180", description="Incompressible Navier-Stokes between walls at y = +-1 "
+                         "(periodic x, z; tanh-graded toward the walls), the bulk velocity held at 1 (Nek's flow-rate "
+                         "correction), from a disturbed laminar start; from --average-from on, time and plane averages: "
+                         "Re_tau, U+(y+), rms velocities and -<u'v'>+ against Moser, Kim & Mansour (1999).")
+    h.add_argument("--order", type=int, default=CHANNEL_DEFAULTS["order"],
+                   help=f"polynomial order p, 2..{MAX_ORDER} (default {CHANNEL_DEFAULTS['order']})")
+    h.add_argument("--elements", type=int, nargs=3, default=list(CHANNEL_DEFAULTS["elements"]), metavar="E",
+                   help="element counts Ex Ey Ez (default 8 8 8)")
+    h.add_argument("--reynolds-bulk", type=float, default=5600.0, help="U_b 2h / nu (default 5600, the DNS's)")
+    h.add_argument("--lengths", type=float, nargs=2, default=[2 * math.pi, math.pi], metavar="L",
+                   help="Lx Lz in half heights (default 2pi pi)")
+    h.add_argument("--grading", type=float, default=2.0, help="tanh grading strength toward the walls (default 2)")
+    h.add_argument("--t-final", type=float, default=CHANNEL_DEFAULTS["t_final"],
+                   help="the end time in h/U_b, a whole number of --sample (default 100)")
+    h.add_argument("--average-from", type=float, default=CHANNEL_DEFAULTS["average_from"],
+                   help="averages from this time on (default 50)")
+    h.add_argument("--sample", type=float, default=CHANNEL_DEFAULTS["sample"],
+                   help="interval of the series and of the averages (default 0.5)")
+    h.add_argument("--dt", type=float, default=None,
+                   help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
+    h.add_argument("--cfl", type=float, default=0.4, help="CFL target for the default dt (default 0.4)")
+    h.add_argument("--out", metavar="DIR", default=None, help="write channel.csv (profiles) and channel.png there")
+    h.add_argument("--checkpoint", metavar="PATH", default=None,
+                   help="rewrite this file after every sample (state, averages, series) for --resume")
+    h.add_argument("--resume", metavar="PATH", default=None, help="continue the run a --checkpoint file holds")
+    h.set_defaults(steady_tol=0.0)
+    for sp in (k, c, r, h):
         sp.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
         sp.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
@@ -294,7 +322,7 @@ def _validate_memory(args, fail, count: int | None = None, name: str = "--elemen
     problem = getattr(args, "problem", "poisson")
     if problem in ("maxwell", "advection"):
         q, components = args.order + 1, 6 if problem == "maxwell" else 1
-    elif problem in ("tgv", "kovasznay", "cylinder", "rbc"):  # 3/2-rule metrics; BDF3/EXT3 history of u and N(u)
+    elif problem in ("tgv", "kovasznay", "cylinder", "rbc", "channel"):  # 3/2-rule metrics; BDF3/EXT3 history of u and N(u)
         q, components = math.ceil(1.5 * (args.order + 1)), 6
     else:  # a bake-off problem: BPk / BKk, k odd scalar, even 3-vector; 1-4 Gauss, 5-6 GLL
         k = getattr(args, "bp", None) or int(problem[-1]) if problem[-1:].isdigit() else 5
@@ -352,14 +380,25 @@ def _validate_flow(args, fail) -> None:
     """``solve kovasznay`` and ``solve cylinder``: ranges, whole numbers of steps, output paths, gmsh."""
     if not 2 <= args.order <= MAX_ORDER:
         fail(f"argument --order: must be an integer in 2..{MAX_ORDER} for Navier-Stokes, got {args.order}")
-    if args.problem in ("kovasznay", "rbc"):
+    if args.problem in ("kovasznay", "rbc", "channel"):
         if any(e < 1 for e in args.elements):
             fail(f"argument --elements: each count must be >= 1, got {' '.join(map(str, args.elements))}")
-        numbers = ("reynolds",) if args.problem == "kovasznay" else ("rayleigh", "prandtl", "wavenumber")
+        numbers = dict(kovasznay=("reynolds",), rbc=("rayleigh", "prandtl", "wavenumber"),
+                       channel=("reynolds_bulk", "grading"))[args.problem]
         for arg in numbers:
             v = getattr(args, arg)
             if not (math.isfinite(v) and v > 0):
-                fail(f"argument --{arg}: must be a finite number > 0, got {v}")
+                fail(f"argument --{arg.replace('_', '-')}: must be a finite number > 0, got {v}")
+        if args.problem == "channel":
+            if not all(math.isfinite(v) and v > 0 for v in args.lengths):
+                fail(f"argument --lengths: must be 2 finite numbers > 0, got {args.lengths}")
+            if not (math.isfinite(args.average_from) and 0 <= args.average_from <= args.t_final):
+                fail(f"argument --average-from: must satisfy 0 <= average_from <= --t-final ({args.t_final:g}), "
+                     f"got {args.average_from}")
+            for arg in ("checkpoint", "resume"):
+                path = getattr(args, arg)
+                if arg == "resume" and path is not None and not os.path.isfile(path):
+                    fail(f"argument --resume: no checkpoint file at {path!r}")
         if args.problem == "rbc" and not (math.isfinite(args.amplitude) and args.amplitude >= 0):
             fail(f"argument --amplitude: must be a finite number >= 0, got {args.amplitude}")
         count, name = math.prod(args.elements), "--elements"
@@ -407,7 +446,8 @@ def _validate_flow(args, fail) -> None:
             fail("argument --out: the plot needs matplotlib (pip install matplotlib)")
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             fail(f"argument --out: {args.out!r} exists and is not a folder")
-        _validate_out_folder(args.out, ("cylinder.csv", "cylinder.png"), fail)
+        names = ("channel.csv", "channel.png") if args.problem == "channel" else ("cylinder.csv", "cylinder.png")
+        _validate_out_folder(args.out, names, fail)
     if getattr(args, "vtu", None):
         from ..io import check_writable
 
@@ -424,7 +464,7 @@ def validate(parser: _Parser, args) -> None:
     fail = parser.commands[f"solve {args.problem}" if args.command == "solve" else args.command].error
     if args.command == "info":
         return
-    if args.command == "solve" and args.problem in ("kovasznay", "cylinder", "rbc"):
+    if args.command == "solve" and args.problem in ("kovasznay", "cylinder", "rbc", "channel"):
         _validate_flow(args, fail)
         return
     if not 1 <= args.order <= MAX_ORDER:

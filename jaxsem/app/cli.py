@@ -25,7 +25,7 @@ import warnings
 
 from .args import DEFAULTS, build_parser, validate, version  # DEFAULTS: the default problem, for callers
 from .report import (report_advection, report_bench, report_cylinder, report_info, report_kovasznay, report_maxwell,
-                     report_rbc, report_solve, report_tgv)
+                     report_channel, report_rbc, report_solve, report_tgv)
 
 __all__ = ["main", "build_parser", "DEFAULTS"]
 
@@ -218,6 +218,15 @@ def _dispatch(args, log, quiet: bool):
                                    steady_tol=args.steady_tol, backend=args.backend, place=place, progress=log,
                                    progress_bar=not quiet and first)
             report = report_kovasznay
+        elif args.problem == "channel":
+            from .channel import run_channel
+
+            result = run_channel(args.order, args.elements, reynolds_bulk=args.reynolds_bulk, lengths=args.lengths,
+                                 grading=args.grading, t_final=args.t_final, average_from=args.average_from,
+                                 sample=args.sample, dt=args.dt, cfl=args.cfl, out=args.out, backend=args.backend,
+                                 place=place, checkpoint=args.checkpoint, resume=args.resume, progress=log,
+                                 progress_bar=not quiet and first)
+            report = report_channel
         elif args.problem == "rbc":
             from .rbc import run_rbc
 

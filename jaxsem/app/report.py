@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_kovasznay", "report_rbc", "report_cylinder",
+__all__ = ["report_solve", "report_maxwell", "report_advection", "report_tgv", "report_kovasznay", "report_rbc", "report_channel", "report_cylinder",
            "report_bench", "report_info"]
 
 def _fmt_device(r: dict) -> str:
@@ -154,6 +154,29 @@ def report_rbc(r: dict) -> str:
     return "\n".join(lines + [
         f"  run         {_fmt_run(r)}",
         f"  growth      sigma {_fmt_rate(sigma)} at t = {r['t']:g} (the roll {trend}); Nusselt {r['nusselt']:.6f}",
+        f"  device      {_fmt_where(r)}",
+    ])
+
+
+def report_channel(r: dict) -> str:
+    el = "x".join(map(str, r["elements"]))
+    lines = [f"jaxsem {r['jaxsem_version']}: channel, Re_b {r['reynolds_bulk']:g} (DNS: Re_tau "
+             f"{r['reference']['re_tau']:g} at Re_b {r['reference']['re_bulk']:g})",
+             f"  mesh        order {r['order']}, {el} elements, {r['dofs']} points, BDF{r['time_order']}/EXT"
+             f"{r['time_order']}, dt {r['dt']:.4g}"]
+    if not r["converged"]:
+        return "\n".join(lines + [f"  FAILED      {r['message']}"])
+    lines.append(f"  run         {_fmt_run(r)}")
+    if r["re_tau"] is None:
+        return "\n".join(lines + [f"  averages    none (--average-from {r['average_from']:g} not reached)"])
+    c, ref = r["comparison"], r["reference"]
+    up = ", ".join(f"{k}: {v:.2f}" for k, v in c["u_plus"].items())
+    return "\n".join(lines + [
+        f"  averages    {r['samples_averaged']} samples from t = {r['average_from']:g}; Re_tau {c['re_tau']:.2f} "
+        f"(from the pressure gradient {c['re_tau_from_gradient']:.2f}; DNS {ref['re_tau']:g})",
+        f"  U+          at y+ {up}; centre {c['u_plus_centre']:.2f} (DNS 5.11, 13.87, 17.09; {ref['u_plus_centre']:g})",
+        f"  stresses    peak u_rms+ {c['u_rms_peak']:.3f} (DNS {ref['u_rms_peak']:g}), peak -<u'v'>+ "
+        f"{c['uv_peak']:.3f} (DNS {ref['uv_peak']:g})",
         f"  device      {_fmt_where(r)}",
     ])
 
