@@ -321,3 +321,23 @@ def test_help_names_the_default_preconditioner(capsys):
     assert "(pmg, default)" in " ".join(capsys.readouterr().out.split())
     assert cli.main(["bench", "--help"]) == 0
     assert "Jacobi-preconditioned PCG iterations" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_stop_dropped_inside_a_callback_is_kept_without_a_traceback(capsys):
+    """Python drops an exception raised in a garbage-collector callback (XLA's): under the CLI's
+    handlers a Ctrl-C landing there prints no "Exception ignored" traceback, and the signal is
+    kept for the driver to act on."""
+    import signal
+
+    from jaxsem.app import cli as cli_
+    from jaxsem.solvers.stops import raise_on_signal, take_pending_signal
+
+    class RaisesOnDelete:
+        def __del__(self):
+            raise_on_signal(signal.SIGINT)
+
+    with cli_._signals_raise():
+        obj = RaisesOnDelete()
+        del obj
+        assert take_pending_signal() == signal.SIGINT
+    assert "Exception ignored" not in capsys.readouterr().err

@@ -54,8 +54,10 @@ def test_tgv_peak_dissipation_is_reported_only_where_reached():
 
     def series(eps):
         z = np.zeros_like(t)
-        return NS.Series(t, 0.125 - 0.01 * t, np.asarray(eps, float), z, z, z, z, z, z, z, z, z,
-                         np.zeros((len(t), 0, 3)), np.zeros((len(t), 0, 4)))
+        cols = dict.fromkeys(NS.Series._fields, z)
+        cols.update(time=t, kinetic_energy=0.125 - 0.01 * t, dissipation=np.asarray(eps, float),
+                    force=np.zeros((len(t), 0, 3)), probe=np.zeros((len(t), 0, 4)))
+        return NS.Series(**cols)
 
     rising = _compare(series([np.nan, 1.0, 2.0, 3.0, 4.0, 5.0]))
     assert rising["peak_dissipation"] is None and rising["peak_dissipation_time"] is None

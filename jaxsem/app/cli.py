@@ -152,16 +152,24 @@ def _signals_raise():
     import signal
     import threading
 
-    from ..solvers.stops import raise_on_signal, take_pending_signal
+    from ..solvers.stops import Terminated, raise_on_signal, take_pending_signal
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     take_pending_signal()
     previous = {s: signal.signal(s, raise_on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    hook = sys.unraisablehook
+
+    def quiet_stop(u):  # a stop dropped inside a callback is noted and acted on: no traceback for it
+        if not (u.exc_type is not None and issubclass(u.exc_type, (KeyboardInterrupt, Terminated))):
+            hook(u)
+
+    sys.unraisablehook = quiet_stop
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
 

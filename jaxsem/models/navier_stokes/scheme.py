@@ -214,7 +214,7 @@ class StepInfo(NamedTuple):
     (:func:`_forces_local`), ``(0, 3)`` when none is asked for; ``scalar``: the scalars' solves
     merged (the most iterations, the largest residuals, converged only if all did; an empty
     converged solve without scalars); ``drive: (2,)`` with a drive, the bulk velocity along its
-    axis after the step and the force per unit mass applied (the mean pressure gradient), NaN
+    axis after the step and the force per unit mass applied (the mean pressure gradient), zeros
     without one."""
 
     pressure: PCGInfo
@@ -565,7 +565,7 @@ def _step_local(ns: NavierStokes, st: State):
     else:
         u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
     u = u0 if L is None else u0 + L
-    drive = jnp.full((2,), jnp.nan, dtype)
+    drive = jnp.zeros((2,), dtype)
     if dr is not None:
         push = dr.value
         if dr.flow_rate:  # u* + α u_s, u_s the step's response to a unit force along the axis
