@@ -275,9 +275,11 @@ def test_resume_loops_are_bit_identical(tmp_path):
     _only(tmp_path, "ck.npz")
 
 
-def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path):
-    """A Navier–Stokes run sent SIGTERM from another thread stops after a whole sample with its
-    checkpoint; resumed, it ends with the uninterrupted run's state and series, bit for bit."""
+def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path, monkeypatch):
+    """A Navier–Stokes run sent SIGTERM from another thread (right after its first checkpoint:
+    the sending thread is joined before the run goes on, so the signal never comes after the
+    run's end, whatever the machine's load) stops after a whole sample with its checkpoint;
+    resumed, it ends with the uninterrupted run's state and series, bit for bit."""
     from jaxsem.mesh.box import box_mesh
     from jaxsem.models import flows
     from jaxsem.models import navier_stokes as NS
@@ -288,21 +290,20 @@ def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path):
     t_final, path = 1.5, tmp_path / "ck.npz"
     st_full, s_full, _ = NS.run(ns, st0, t_final, sample_interval=0.05)
 
-    def kill_after_first_checkpoint():
-        while not path.exists():
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGTERM)
+    sent = []
 
-    # a signal that comes after the run ends must not end pytest
-    previous = signal.signal(signal.SIGTERM, lambda *a: None)
-    try:
-        watcher = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
-        watcher.start()
-        with pytest.raises(RunInterrupted, match=r"interrupted by SIGTERM at step (\d+)") as exc:
-            NS.run(ns, st0, t_final, sample_interval=0.05, options=driver.RunOptions(checkpoint_path=path))
-        watcher.join()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def save_then_signal(*a, **k):
+        save_checkpoint(*a, **k)
+        if not sent:
+            sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
+            sender.start()
+            sender.join()
+            sent.append(True)
+
+    monkeypatch.setattr(driver, "save_checkpoint", save_then_signal)
+    with pytest.raises(RunInterrupted, match=r"interrupted by SIGTERM at step (\d+)") as exc:
+        NS.run(ns, st0, t_final, sample_interval=0.05, options=driver.RunOptions(checkpoint_path=path))
+    monkeypatch.undo()
     step = exc.value.step
     assert 1 <= load_checkpoint(path).step == step < 30
     st, s, info = NS.run(ns, st0, t_final, sample_interval=0.05, options=driver.RunOptions(resume=path))
