@@ -52,3 +52,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _MPI_DIR in pathlib.Path(str(item.path)).resolve().parents:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_signal_left():
+    """Each test starts without a stop signal noted by another (jaxsem.solvers.stops keeps one
+    per process until a run reads it)."""
+    from jaxsem.solvers.stops import take_pending_signal
+
+    take_pending_signal()
+    yield

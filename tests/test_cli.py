@@ -341,3 +341,7 @@ def test_a_stop_dropped_inside_a_callback_is_kept_without_a_traceback(capsys):
         del obj
         assert take_pending_signal() == signal.SIGINT
     assert "Exception ignored" not in capsys.readouterr().err
+    with cli_._signals_raise():  # one the command never read is not left for a later run in the process
+        obj = RaisesOnDelete()
+        del obj
+    assert take_pending_signal() == 0

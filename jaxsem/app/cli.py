@@ -172,6 +172,7 @@ def _signals_raise():
         sys.unraisablehook = hook
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        take_pending_signal()  # acted on, or the command ended: a later run in this process starts clean
 
 
 def _interrupted(args, e: BaseException) -> tuple[dict, str, int]:
