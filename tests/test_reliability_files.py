@@ -275,21 +275,23 @@ def test_resume_loops_are_bit_identical(tmp_path):
     _only(tmp_path, "ck.npz")
 
 
-def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path, monkeypatch):
-    """A Navier–Stokes run sent SIGTERM from another thread (right after its first checkpoint:
-    the sending thread is joined before the run goes on, so the signal never comes after the
-    run's end, whatever the machine's load) stops after a whole sample with its checkpoint;
-    resumed, it ends with the uninterrupted run's state and series, bit for bit."""
+_SIGTERM_RUN = textwrap.dedent("""
+    import json, os, signal, sys, threading
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import numpy as np
+    from jaxsem.io import load_checkpoint, save_checkpoint
     from jaxsem.mesh.box import box_mesh
     from jaxsem.models import flows
     from jaxsem.models import navier_stokes as NS
+    from jaxsem.solvers import driver
+    from jaxsem.solvers.stops import RunInterrupted
 
+    path = sys.argv[1]
     mesh = box_mesh((2, 1, 1), 2, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
     ns = NS.setup(mesh, nu=1 / 1600, dt=0.05)
     st0 = NS.initial_state(ns, flows.taylor_green().velocity)
-    t_final, path = 1.5, tmp_path / "ck.npz"
-    st_full, s_full, _ = NS.run(ns, st0, t_final, sample_interval=0.05)
-
+    st_full, s_full, _ = NS.run(ns, st0, 1.5, sample_interval=0.05)
     sent = []
 
     def save_then_signal(*a, **k):
@@ -300,17 +302,36 @@ def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path, monk
             sender.join()
             sent.append(True)
 
-    monkeypatch.setattr(driver, "save_checkpoint", save_then_signal)
-    with pytest.raises(RunInterrupted, match=r"interrupted by SIGTERM at step (\d+)") as exc:
-        NS.run(ns, st0, t_final, sample_interval=0.05, options=driver.RunOptions(checkpoint_path=path))
-    monkeypatch.undo()
-    step = exc.value.step
-    assert 1 <= load_checkpoint(path).step == step < 30
-    st, s, info = NS.run(ns, st0, t_final, sample_interval=0.05, options=driver.RunOptions(resume=path))
-    assert info.resumed_from == step and info.steps == 30 - step
-    assert np.array_equal(np.asarray(st.u), np.asarray(st_full.u))
-    for a, b in zip(s, s_full):
-        assert np.array_equal(a, b, equal_nan=True)
+    driver.save_checkpoint = save_then_signal
+    try:
+        NS.run(ns, st0, 1.5, sample_interval=0.05, options=driver.RunOptions(checkpoint_path=path))
+        out = dict(interrupted=None)
+    except RunInterrupted as e:
+        out = dict(interrupted=str(e), step=e.step, signal=int(e.signal))
+    driver.save_checkpoint = save_checkpoint
+    out["saved_step"] = load_checkpoint(path).step
+    st, s, info = NS.run(ns, st0, 1.5, sample_interval=0.05, options=driver.RunOptions(resume=path))
+    out.update(resumed_from=info.resumed_from, steps=info.steps,
+               same_u=bool(np.array_equal(np.asarray(st.u), np.asarray(st_full.u))),
+               same_series=all(bool(np.array_equal(a, b, equal_nan=True)) for a, b in zip(s, s_full)))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_navier_stokes_stopped_by_sigterm_resumes_bit_identically(tmp_path):
+    """A Navier–Stokes run sent SIGTERM from another thread (right after its first checkpoint;
+    the sending thread is joined before the run goes on) stops after a whole sample with its
+    checkpoint; resumed, it ends with the uninterrupted run's state and series, bit for bit. In
+    its own process: the signal is the process's, not a test runner's worker's."""
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_RUN, str(tmp_path / "ck.npz")], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert out["interrupted"] is not None and "interrupted by SIGTERM at step" in out["interrupted"], out
+    step = out["step"]
+    assert out["signal"] == signal.SIGTERM and 1 <= out["saved_step"] == step < 30
+    assert out["resumed_from"] == step and out["steps"] == 30 - step
+    assert out["same_u"] and out["same_series"], out
 
 
 # ----------------------------------------------------------------------------- the CLI stopped by a signal
