@@ -7,6 +7,7 @@ least two processes they are skipped with that reason, never run as a
 one-rank case that proves nothing (and that some of them do not support).
 """
 
+import gc
 import pathlib
 
 import jax
@@ -62,3 +63,16 @@ def _no_stop_signal_left():
 
     take_pending_signal()
     yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_programs_freed_after_each_module():
+    """Each module's compiled programs are dropped when it ends. A process keeps every program
+    it compiled (JAX's caches), and XLA's CPU code lives in memory maps of its own: one test
+    module makes thousands of them (tests/test_driving.py about 5,700), a pytest worker
+    that runs half the suite ran past Linux's 65,530 maps per process (vm.max_map_count),
+    and the worker died inside XLA (SIGABRT, or silently). Programs that later modules
+    share come back from the persistent compilation cache that tests/run.sh sets."""
+    yield
+    jax.clear_caches()
+    gc.collect()
