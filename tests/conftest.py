@@ -32,7 +32,7 @@ _SLOW_FIRST = ("test_shard", "test_navier_stokes", "test_distributed_jax", "test
 _SLOW_MODULES = {"test_shard", "test_distributed_jax", "test_navier_stokes", "test_navier_stokes_gradients",
                  "test_gradients_time", "test_maxwell", "test_maxwell_adjoint", "test_multigrid", "test_assembled",
                  "test_advection", "test_reliability_files", "test_cli", "test_bench", "test_roofline",
-                 "test_gradients"}
+                 "test_gradients", "test_tesseract_ns_grid", "test_tesseract_thermal"}
 _SLOW_TESTS = ("test_neumann_helmholtz_converges", "test_single_reduction_cg_has_the_classic_iterates",
                "test_reverse_pass_of_a_nonlinear_f", "test_both_remat_schedules", "test_exponential_convergence_in_p",
                "test_algebraic_rate_p_plus_1_in_h")

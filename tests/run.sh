@@ -49,12 +49,12 @@ EOF
 )"
 if [[ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]] ||
     ! "$PY" -c 'import importlib.metadata as m; m.distribution("jaxsem")' 2>/dev/null; then
-    header "installing jaxsem[test,notebooks,gmsh] (editable)"
+    header "installing jaxsem[test,notebooks,gmsh,tesseract] (editable)"
     "$PY" -m pip install --upgrade pip
-    "$PY" -m pip install -e '.[test,notebooks,gmsh]'
+    "$PY" -m pip install -e '.[test,notebooks,gmsh,tesseract]'
     echo "$WANT" >"$STAMP"
 else
-    echo "jaxsem[test,notebooks,gmsh] already installed in .venv"
+    echo "jaxsem[test,notebooks,gmsh,tesseract] already installed in .venv"
 fi
 
 if [[ -x "$VENV/bin/mpirun" && -x "$VENV/bin/mpicc" ]] && "$PY" - 2>/dev/null <<'EOF'
