@@ -297,7 +297,7 @@ def test_sharded_equals_serial():
     res = subproc.result(subproc.start([__file__, "shard", "3"], devices=3))
     for name, r in res.items():
         assert r["u"] < 1e-10 and r["p"] < 1e-8 and r["energy"] < 1e-12 and r["theta"] < 1e-10, (name, r)
-        assert r["grad_nu"] < 1e-9 and r["grad_u"] < 1e-9, (name, r)  # jax.grad through 3 steps
+        assert r["grad_nu"] < 1e-10 and r["grad_u"] < 1e-10, (name, r)  # jax.grad through 3 steps (measured 2e-15)
         assert r["iterations"][0] == r["iterations"][1], (name, r)
         assert r["velocity_iterations"][0] == r["velocity_iterations"][1], (name, r)
         assert r["layout_kept"] is True, (name, r)  # else every run compiles its chunk twice
