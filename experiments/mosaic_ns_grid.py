@@ -194,7 +194,8 @@ def horizon(tess, api, a) -> dict:
             print(f"horizon {steps}: nan")
             break
         rows.append(dict(row, status="ok"))
-        print(f"horizon {steps}: {rows[-1]}")
+        print(f"horizon {steps}: {rows[-1]}", flush=True)
+        a.save("horizon", dict(N=N, nu=nu, dt=dt, rows=rows, partial=True))
         if seconds > a.time_limit:
             rows.append(dict(steps=None, status="stopped", failure_type="timeout",
                              error=f"the call at {steps} steps took {seconds:.0f} s > --time-limit {a.time_limit:g} s"))
@@ -256,7 +257,8 @@ def cost(tess, api, a) -> dict:
             row[name] = dict(first_call_s=times[0], median_s=statistics.median(times[1:]),
                              per_step_s=statistics.median(times[1:]) / steps, peak_bytes=peak_bytes())
         rows.append(row)
-        print(f"cost N={N}: {row}")
+        print(f"cost N={N}: {row}", flush=True)
+        a.save("cost", dict(nu=nu, dt=dt, rows=rows, partial=True))
     return dict(nu=nu, dt=dt, rows=rows)
 
 
@@ -305,6 +307,7 @@ def main(argv=None):
     tess = Tesseract.from_tesseract_api(api)
     result = dict(record("mosaic_ns_grid"), mosaic_commit=MOSAIC_COMMIT, small=small, order=4,
                   cfl=api.CFL, pressure_tol=api.OPTIONS.pressure_tol, velocity_tol=api.OPTIONS.velocity_tol)
+    a.save = lambda name, part: write_json(a.out, dict(result, **{name: part}))  # a protocol's rows so far
     for name in a.only:
         tic = time.perf_counter()
         result[name] = dict(globals()[{"fd": "fd_check"}.get(name, name)](tess, api, a),
