@@ -124,6 +124,8 @@ BAD = [
     (["solve", "channel", "--reynolds-bulk", "0"], "--reynolds-bulk"),
     (["solve", "channel", "--lengths", "1", "-1"], "--lengths"),
     (["solve", "channel", "--resume", "/nonexistent/ck.npz"], "--resume"),
+    (["solve", "channel", "--relaxation", "-1"], "--relaxation"),
+    (["solve", "channel", "--relaxation-modes", "8"], "--relaxation-modes"),
 ]
 
 
@@ -206,3 +208,38 @@ def test_channel_record_and_a_resumed_run_equal_one_run(capsys, tmp_path):
     resumed = _json(capsys)
     assert resumed["re_tau"] == one["re_tau"] and resumed["profiles"] == one["profiles"]
     assert resumed["series"] == one["series"]
+
+
+def test_cut_dt_brings_the_cfl_number_to_its_target_and_divides_the_sample():
+    """dt = 0.1 reached CFL 1.0 against a target of 0.4 over samples of 0.5: 0.5/13 (CFL 0.385)."""
+    from jaxsem.app.channel import cut_dt
+
+    assert cut_dt(0.1, 1.0, 0.4, 0.5) == 0.5 / 13
+    assert cut_dt(0.05, 0.4, 0.4, 0.5) == 0.05  # at the target: unchanged
+    for dt, c in ((0.1, 0.9), (0.02, 3.3), (0.125, 0.51)):
+        new = cut_dt(dt, c, 0.4, 0.5)
+        assert c * new / dt <= 0.4 + 1e-12 and abs(0.5 / new - round(0.5 / new)) < 1e-9
+
+
+@pytest.mark.slow
+def test_channel_with_cut_steps_resumes_as_one_run(capsys, tmp_path, monkeypatch):
+    """Every sample cuts the step (forced: CUT = 0 and halving): the history restarts at first
+    order each time, the bulk velocity stays held, and a run stopped and resumed from its
+    checkpoint (which carries the current step) ends with the record of one run, bit for bit."""
+    import jaxsem.app.channel as ch
+
+    monkeypatch.setattr(ch, "CUT", 0.0)
+    monkeypatch.setattr(ch, "cut_dt", lambda dt, c, target, sample: dt / 2)
+    args = CHANNEL + ["--average-from", "0.25", "--relaxation", "2"]
+    assert cli.main(args + ["--t-final", "0.75"]) == 0
+    one = _json(capsys)
+    assert one["status"] == "t_final" and one["dt_changes"] == 2 and one["dt_final"] == one["dt"] / 8
+    assert one["series"]["dt"] == [one["dt"], one["dt"] / 2, one["dt"] / 4]
+    assert np.allclose(one["series"]["bulk_velocity"], 1.0, rtol=0, atol=1e-12)
+    ck = str(tmp_path / "ch.npz")
+    assert cli.main(args + ["--t-final", "0.5", "--checkpoint", ck]) == 0
+    _json(capsys)
+    assert cli.main(args + ["--t-final", "0.75", "--resume", ck]) == 0
+    resumed = _json(capsys)
+    assert resumed["series"] == one["series"] and resumed["profiles"] == one["profiles"]
+    assert resumed["dt_final"] == one["dt_final"]

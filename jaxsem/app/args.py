@@ -267,7 +267,12 @@ def _flow_parsers(probs) -> None:
                    help="interval of the series and of the averages (default 0.5)")
     h.add_argument("--dt", type=float, default=None,
                    help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
-    h.add_argument("--cfl", type=float, default=0.4, help="CFL target for the default dt (default 0.4)")
+    h.add_argument("--cfl", type=float, default=0.4, help="CFL target of the default dt, which is cut at the end of "
+                   "a sample whose CFL passed 1.25 times it (default 0.4)")
+    h.add_argument("--relaxation", type=float, default=5.0, metavar="CHI",
+                   help="strength of the high-pass-filter relaxation, 1/time (NekRS's hpfrt; default 5, 0: off)")
+    h.add_argument("--relaxation-modes", type=int, default=1, metavar="M",
+                   help="top Legendre modes per axis the relaxation acts on, 1..order (default 1)")
     h.add_argument("--out", metavar="DIR", default=None, help="write channel.csv (profiles) and channel.png there")
     h.add_argument("--checkpoint", metavar="PATH", default=None,
                    help="rewrite this file after every sample (state, averages, series) for --resume")
@@ -392,6 +397,10 @@ def _validate_flow(args, fail) -> None:
         if args.problem == "channel":
             if not all(math.isfinite(v) and v > 0 for v in args.lengths):
                 fail(f"argument --lengths: must be 2 finite numbers > 0, got {args.lengths}")
+            if not (math.isfinite(args.relaxation) and args.relaxation >= 0):
+                fail(f"argument --relaxation: must be a finite number >= 0, got {args.relaxation}")
+            if not 1 <= args.relaxation_modes <= args.order:
+                fail(f"argument --relaxation-modes: must be in 1..--order ({args.order}), got {args.relaxation_modes}")
             if not (math.isfinite(args.average_from) and 0 <= args.average_from <= args.t_final):
                 fail(f"argument --average-from: must satisfy 0 <= average_from <= --t-final ({args.t_final:g}), "
                      f"got {args.average_from}")

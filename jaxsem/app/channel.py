@@ -13,6 +13,7 @@ shear (and, as a check, from the mean pressure gradient the flow rate needs, u_�
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -30,7 +31,7 @@ from .files import save_figure, write_csv
 from .tgv import setup_at_cfl
 from .verify import _where
 
-__all__ = ["run_channel", "DNS"]
+__all__ = ["run_channel", "relaxation_option", "DNS"]
 
 # Moser, Kim & Mansour, Phys. Fluids 11 (1999) 943, Re_τ = 178.12 (chan180.means, chan180.reystress):
 # U⁺ at three wall distances and at the centre, and the peaks of u_rms⁺ and −⟨u'v'⟩⁺.
@@ -52,6 +53,26 @@ def _start(lx, lz):
     return u0
 
 
+CUT = 1.25  # a sample ending above CUT·cfl cuts the step
+
+
+def cut_dt(dt: float, cfl_now: float, cfl: float, sample: float) -> float:
+    """The step that brings the CFL number ``cfl_now`` (reached at step ``dt``) to ``cfl`` or
+    below, a divisor of ``sample``: sample/⌈sample·cfl_now/(dt·cfl)⌉."""
+    return sample / math.ceil(sample * cfl_now / (dt * cfl) - 1e-9)
+
+
+def relaxation_option(modes: int, strength: float):
+    """The CLI's ``--relaxation-modes``/``--relaxation``: a :class:`~jaxsem.models.navier_stokes.Relaxation`,
+    or None for strength 0."""
+    return None if strength == 0 else NS.Relaxation(int(modes), float(strength))
+
+
+def _with_dt(ns, dt: float):
+    """``ns`` at another Δt (a leaf: the compiled step is reused)."""
+    return dataclasses.replace(ns, dt=jnp.asarray(float(dt), ns.dt.dtype))
+
+
 def _fold(y, f, odd=False):
     """A profile on y ∈ [−1, 1] folded about y = 0: (distance from the wall d, the mean of both
     halves at d); ``odd``: the profile changes sign across the centre (⟨u'v'⟩)."""
@@ -65,6 +86,7 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                 grading: float = 2.0, t_final: float = 100.0, average_from: float = 50.0, sample: float = 0.5,
                 dt: float | None = None, cfl: float = 0.4, out: str | None = None, backend: str = "auto",
                 place: dict | None = None, checkpoint: str | None = None, resume: str | None = None,
+                relaxation: NS.Relaxation | None = NS.Relaxation(1, 5.0),
                 progress=lambda m: None, progress_bar: bool = False) -> dict:
     """Run the channel and average it; returns the record (a dict) with ``re_tau``, ``u_bulk``,
     ``profiles`` (wall units) and the comparison with :data:`DNS`. ``lengths``: (Lx, Lz);
@@ -72,7 +94,12 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
     of the averages (each sample's end state, weighted by the interval). ``checkpoint``: a file
     rewritten after every sample with the state, its history, the sums of the averages and the
     series (per rank under MPI); ``resume``: such a file of the same problem, from which the run
-    continues to ``t_final`` as if never stopped."""
+    continues to ``t_final`` as if never stopped. ``dt=None``: the step starts at CFL ``cfl`` and,
+    since a flow in transition speeds up near the walls (the CFL number of a laminar start
+    triples), is cut at the end of any sample whose CFL number passed :data:`CUT`·``cfl``, back to
+    ``cfl`` (:func:`cut_dt` a divisor of ``sample``; the BDF/EXT history restarts at first order, as at t = 0);
+    a given ``dt`` is kept. ``relaxation``: the :class:`~jaxsem.models.navier_stokes.Relaxation`
+    (high-pass-filter relaxation, NekRS's channel example's one mode at χ = 5) or None."""
     place = place or {}
     tic = time.perf_counter()
     lx, lz = lengths
@@ -81,7 +108,9 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                     periodic=(True, False, True), grading=(None, Grading("tanh", grading), None))
     u0 = _start(lx, lz)
     setup = lambda step: NS.setup(mesh, nu=nu, dt=step, boundary={"ymin": NS.NO_SLIP, "ymax": NS.NO_SLIP},  # noqa: E731
-                                  drive=NS.FlowRate(0, 1.0), backend=backend, **place)
+                                  drive=NS.FlowRate(0, 1.0), backend=backend,
+                                  options=NS.NSOptions(relaxation=relaxation), **place)
+    adapt = dt is None
     ns, dt = setup_at_cfl(setup, u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
@@ -95,11 +124,12 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
     accumulate = jax.jit(ST.accumulate)
     shear = jax.jit(lambda ns, st: jnp.stack([ST.wall_shear(ns, st, g)[0] for g in ("ymin", "ymax")]))
     avg, tau, pushed, averaged = ST.start(ns, st), 0.0, 0.0, 0
-    series = dict(time=[], bulk_velocity=[], driving=[], kinetic_energy=[], wall_shear=[])
+    series = dict(time=[], bulk_velocity=[], driving=[], kinetic_energy=[], wall_shear=[], cfl=[], dt=[])
     opts = RunOptions(progress=progress_bar, desc="channel")
     steps, seconds, first = 0, 0.0, 0
     meta = dict(problem="channel", order=order, elements="x".join(map(str, elements)), reynolds_bulk=reynolds_bulk,
-                dt=float(dt), sample=float(sample), average_from=float(average_from))
+                dt=float(dt), sample=float(sample), average_from=float(average_from),
+                relaxation="none" if relaxation is None else f"{relaxation.modes},{relaxation.strength:g}")
     suffix = ns.sem.comm.file_suffix
     if resume is not None:
         from ..io import checkpoint_meta, load_checkpoint, meta_mismatch, tree_from_fields
@@ -110,6 +140,7 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
         ck = load_checkpoint(resume + suffix)
         st, avg = tree_from_fields("state", st, ck.fields), tree_from_fields("avg", avg, ck.fields)
         series = {k: ck.fields[f"series.{k}"].tolist() for k in series}
+        ns = _with_dt(ns, float(ck.fields["dt_now"]))
         tau, pushed, averaged = (float(ck.fields["sums"][0]), float(ck.fields["sums"][1]),
                                  int(ck.fields["sums"][2]))
         first, steps = len(series["time"]), ck.step
@@ -120,8 +151,13 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
             steps, seconds = steps + info.steps, seconds + info.seconds
             tw = np.asarray(shear(ns, st))
             for k, v in (("time", s.time[-1]), ("bulk_velocity", s.bulk_velocity[-1]), ("driving", s.driving[-1]),
-                         ("kinetic_energy", s.kinetic_energy[-1]), ("wall_shear", tw.mean())):
+                         ("kinetic_energy", s.kinetic_energy[-1]), ("wall_shear", tw.mean()), ("cfl", s.cfl[-1]),
+                         ("dt", ns.dt)):
                 series[k].append(float(v))
+            if adapt and s.cfl[-1] > CUT * cfl:
+                step = cut_dt(float(ns.dt), float(s.cfl[-1]), cfl, sample)
+                progress(f"t = {float(st.t):g}: CFL {float(s.cfl[-1]):.3g}, dt {float(ns.dt):.4g} -> {step:.4g}")
+                ns, st = _with_dt(ns, step), dataclasses.replace(st, past=jnp.zeros_like(st.past))
             if s.time[-1] > average_from + 1e-9 * sample:
                 avg = accumulate(avg, st, sample)
                 tau, pushed, averaged = tau + tw.mean(), pushed + float(s.driving[-1]), averaged + 1
@@ -130,11 +166,12 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
 
                 fields = dict(tree_fields("state", st), **tree_fields("avg", avg),
                               **{f"series.{k}": np.asarray(v) for k, v in series.items()},
-                              sums=np.array([tau, pushed, averaged], float))
+                              sums=np.array([tau, pushed, averaged], float), dt_now=np.array(float(ns.dt)))
                 save_checkpoint(checkpoint + suffix, fields, float(st.t), steps, **meta)
     except (NonFiniteError, RunStopped) as e:
         return dict(base, converged=False, status=e.status, steps=e.step, t=e.t, message=str(e))
     record = dict(base, converged=True, status="t_final", steps=steps, t=float(st.t), seconds=seconds,
+                  dt_final=float(ns.dt), dt_changes=int(np.sum(np.diff([base["dt"]] + series["dt"]) != 0)),
                   seconds_per_step=seconds / max(steps, 1), samples_averaged=averaged,
                   u_bulk=float(np.mean(series["bulk_velocity"])), series=series)
     if not averaged:

@@ -228,12 +228,13 @@ def _dispatch(args, log, quiet: bool):
                                    progress_bar=not quiet and first)
             report = report_kovasznay
         elif args.problem == "channel":
-            from .channel import run_channel
+            from .channel import relaxation_option, run_channel
 
             result = run_channel(args.order, args.elements, reynolds_bulk=args.reynolds_bulk, lengths=args.lengths,
                                  grading=args.grading, t_final=args.t_final, average_from=args.average_from,
                                  sample=args.sample, dt=args.dt, cfl=args.cfl, out=args.out, backend=args.backend,
-                                 place=place, checkpoint=args.checkpoint, resume=args.resume, progress=log,
+                                 place=place, checkpoint=args.checkpoint, resume=args.resume,
+                                 relaxation=relaxation_option(args.relaxation_modes, args.relaxation), progress=log,
                                  progress_bar=not quiet and first)
             report = report_channel
         elif args.problem == "rbc":

@@ -32,14 +32,16 @@ each advected explicitly and diffused implicitly before the flow's step, with co
 group (:class:`Value`, :class:`Flux`) and sources; :class:`Buoyancy` feeds one back into the
 momentum equation (Boussinesq). A flow along a periodic axis is driven by a held flow rate
 (:class:`FlowRate`, Nek's per-step correction) or a given mean pressure gradient
-(:class:`PressureGradient`), :mod:`.driving`. :mod:`.statistics` keeps running averages,
+(:class:`PressureGradient`), :mod:`.driving`. :class:`Relaxation` (:mod:`.relaxation`) adds Nek's high-pass-filter
+relaxation for under-resolved runs. :mod:`.statistics` keeps running averages,
 Reynolds stresses, plane profiles and the wall shear of long runs.
 """
 
-from . import driving, runs, scalars, scheme, statistics
+from . import driving, relaxation, runs, scalars, scheme, statistics
 from .runs import Series, run
 from .boundary import NO_SLIP, Outflow, Symmetry, Velocity
 from .driving import FlowRate, PressureGradient
+from .relaxation import Relaxation
 from .scalars import INSULATED, Buoyancy, Flux, Scalar, Value
 from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, State, StepInfo, bdf_ext, diagnostics,
                      initial_state, scalar_flux, setup, simulate, step, surface_force, vorticity, with_coordinates)
@@ -47,4 +49,4 @@ from .scheme import (Diagnostics, NavierStokes, NSOptions, StabilityWarning, Sta
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics", "Series",
            "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "surface_force", "with_coordinates", "run", "bdf_ext",
            "Velocity", "Outflow", "Symmetry", "NO_SLIP", "Scalar", "Value", "Flux", "INSULATED", "Buoyancy",
-           "scalar_flux", "FlowRate", "PressureGradient"]
+           "scalar_flux", "FlowRate", "PressureGradient", "Relaxation"]

@@ -27,6 +27,7 @@ from ...solvers.timestepping import Checkpointing, checkpointed_scan
 from . import driving
 from . import scalars as scalars_
 from .boundary import Conditions, Velocity, check_groups, resolve
+from .relaxation import Relaxation, low_pass
 
 __all__ = ["NSOptions", "NavierStokes", "State", "StepInfo", "StabilityWarning", "Diagnostics",
            "surface_force", "scalar_flux", "with_coordinates", "setup", "initial_state", "step", "simulate", "diagnostics", "vorticity", "bdf_ext"]
@@ -69,6 +70,9 @@ class NSOptions:
         EXTk is stable to a CFL number below 1 with this measure, further only where the
         (implicit) viscous term damps the growing modes; a CFL number of several means a run
         growing without bound. A start above 1 warns (:class:`StabilityWarning`).
+      relaxation: None, or a :class:`~jaxsem.models.navier_stokes.relaxation.Relaxation`: the
+        high-pass-filter relaxation term −χ(I − F)u of Nek's under-resolved runs, explicit
+        with the convective term (velocity only).
     """
 
     time_order: int = 3
@@ -79,6 +83,7 @@ class NSOptions:
     dealias: bool = True
     pmg: multigrid.PMGOptions = multigrid.PMGOptions()
     max_cfl: float = 4.0
+    relaxation: Relaxation | None = None
 
     def __post_init__(self):
         if isinstance(self.time_order, bool) or self.time_order not in (1, 2, 3):
@@ -99,6 +104,8 @@ class NSOptions:
         v = self.max_cfl
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise ValueError(f"NSOptions.max_cfl must be a positive finite number, got {v!r}")
+        if self.relaxation is not None and not isinstance(self.relaxation, Relaxation):
+            raise TypeError(f"NSOptions.relaxation must be None or a Relaxation, got {self.relaxation!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -283,6 +290,9 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
                          f"{sorted(mesh.boundaries)}")
     if not isinstance(options, NSOptions):
         raise TypeError(f"options must be an NSOptions, got {type(options).__name__}")
+    if options.relaxation is not None and options.relaxation.modes > mesh.order:
+        raise ValueError(f"options.relaxation.modes must be <= the mesh's order {mesh.order}, "
+                         f"got {options.relaxation.modes}")
     scalars = scalars_.check_scalars(scalars, buoyancy)
     if drive is not None and not isinstance(drive, (driving.FlowRate, driving.PressureGradient)):
         raise TypeError(f"drive must be None, a FlowRate or a PressureGradient, got {drive!r}")
@@ -409,6 +419,17 @@ def _convection(ns: NavierStokes, s: SEM, u):
     return _advection(ns, s, u, u)
 
 
+def _explicit(ns: NavierStokes, s: SEM, u):
+    """The explicit momentum terms at one time level: N(u), and −χ(I − F)u (mass-averaged to a
+    continuous field) with :attr:`NSOptions.relaxation`: ``(3, E, n, n, n)``."""
+    f = _convection(ns, s, u)
+    r = ns.options.relaxation
+    if r is None or r.strength == 0:
+        return f
+    F = jnp.asarray(low_pass(s.order, r.modes), u.dtype)
+    return f - r.strength * _average(ns, s, u - interp(u, F))
+
+
 def _advection(ns: NavierStokes, s: SEM, u, c):
     """−(u·∇)c nodal for fields ``c: (m, E, n, n, n)`` carried by ``u: (3, E, n, n, n)`` (weak on
     the dealiasing rule, assembled, times B⁻¹): ``(m, E, n, n, n)``."""
@@ -527,7 +548,7 @@ def _step_local(ns: NavierStokes, st: State):
     t1 = st.t + dt
 
     T, FT, sinfo = _scalars_local(ns, s, st, beta, a, t1)
-    F = jnp.concatenate([_convection(ns, s, st.U[0])[None], st.F[:-1]])
+    F = jnp.concatenate([_explicit(ns, s, st.U[0])[None], st.F[:-1]])
     Fx = jnp.tensordot(a, F, 1)
     if ns.buoyancy is not None:  # the new scalar's force (Boussinesq)
         bu = ns.buoyancy
@@ -660,7 +681,7 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
         levels += [_nodal(ns, past(s.x[0], s.x[1], s.x[2], t0 - i * ns.dt), t0 - i * ns.dt, "past")
                    for i in range(1, k)]
     U = jnp.stack(levels + [levels[-1]] * (k - len(levels)))
-    F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _convection(ns_, s_, v), ns, U[i]) for i in range(1, k)]
+    F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _explicit(ns_, s_, v), ns, U[i]) for i in range(1, k)]
                   + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
     step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
     th = _scalar_start(ns, scalars or {}, t0)
