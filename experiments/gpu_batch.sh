@@ -30,13 +30,19 @@
 #   tgv, tgvdist, tgvmpi
 #              Taylor-Green step time: shard, jax.distributed and mpi4jax
 #   tgvlong    Taylor-Green to t = 20 on every GPU
+# One GPU, the flows and gradients still open (docs/flows.md, docs/gradients.md, docs/mosaic.md):
+#   channel    the Re_tau = 180 channel, 8^3 elements of order 7: transition to t = 60, then as long an
+#              average as fits CHANNEL_BUDGET seconds (default 530; experiments/channel_run.py)
+#   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:16), FD along nu
+#   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
+#   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
 set -uo pipefail
 if [[ $# -eq 0 || $1 == -h || $1 == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -140,6 +146,16 @@ has tgvdist && timed tgvdist dist 600 "mpirun -n $NGPU $PY $TGV --devices $NGPU 
 has tgvmpi && timed tgvmpi mpi 600 "mpirun -n $NGPU $PY $TGV --transport mpi --out $OUT/tgv_mpi.json"
 has tgvlong && timed tgvlong tgv32 3600 "$PY -m experiments.tgv_long --order 7 --elements 32 --t-final 20 --dt 2e-3 \
   --segment 1.0 --devices $NGPU --out $OUT/tgv32"
+
+has channel && timed channel re180 $(( ${CHANNEL_BUDGET:-530} + 60 )) "$PY -m experiments.channel_run --order 7 \
+  --elements 8 8 8 --average-from 60 --budget ${CHANNEL_BUDGET:-530} --out $OUT/channel_run.json --files $OUT/chan"
+has nsgrad && timed nsgrad 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
+  --schedule binomial:16 --skip check --fd 1 --out $OUT/ns_gradient_size_18p7.json"
+has nsgradfd && timed nsgradfd 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
+  --schedule binomial:16 --skip check gradient --fd 3 --ad-from ${AD_FROM:-experiments/results/ns_gradient_size_18p7_h200.json} \
+  --out $OUT/ns_gradient_fd_18p7.json"
+has horizon && timed horizon n20 900 "$PY -m experiments.mosaic_ns_grid --only horizon --horizon-steps 10240 \
+  --time-limit 900 --out $OUT/mosaic_horizon_10240.json"
 
 $PY - "$LOG" "$OUT/batch.json" "$@" <<'EOF'
 import json, os, subprocess, sys
