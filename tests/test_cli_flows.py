@@ -211,14 +211,17 @@ def test_channel_record_and_a_resumed_run_equal_one_run(capsys, tmp_path):
 
 
 def test_cut_dt_brings_the_cfl_number_to_its_target_and_divides_the_sample():
-    """dt = 0.1 reached CFL 1.0 against a target of 0.4 over samples of 0.5: 0.5/13 (CFL 0.385)."""
+    """dt = 0.1 reached CFL 1.0 against a target of 0.4 over samples of 0.5: 0.5/13 (CFL 0.385);
+    a low CFL number lengthens the step at most twofold, always to a divisor of the sample."""
     from jaxsem.app.channel import cut_dt
 
     assert cut_dt(0.1, 1.0, 0.4, 0.5) == 0.5 / 13
     assert cut_dt(0.05, 0.4, 0.4, 0.5) == 0.05  # at the target: unchanged
-    for dt, c in ((0.1, 0.9), (0.02, 3.3), (0.125, 0.51)):
+    assert cut_dt(0.5 / 3, 0.1, 0.4, 0.5) == 0.5 / 2  # lengthened to CFL 0.4 would be 0.5/1: at most 2x
+    assert cut_dt(0.05, 0.1, 0.4, 0.5) == 0.1  # 4x allowed by the CFL number, 2x taken
+    for dt, c in ((0.1, 0.9), (0.02, 3.3), (0.125, 0.51), (0.01, 0.05), (0.5 / 7, 0.15)):
         new = cut_dt(dt, c, 0.4, 0.5)
-        assert c * new / dt <= 0.4 + 1e-12 and abs(0.5 / new - round(0.5 / new)) < 1e-9
+        assert c * new / dt <= 0.4 + 1e-12 and new <= 2 * dt + 1e-15 and abs(0.5 / new - round(0.5 / new)) < 1e-9
 
 
 @pytest.mark.slow

@@ -268,7 +268,7 @@ def _flow_parsers(probs) -> None:
     h.add_argument("--dt", type=float, default=None,
                    help="time step (default: the largest with initial CFL <= --cfl that divides --sample)")
     h.add_argument("--cfl", type=float, default=0.4, help="CFL target of the default dt, which is cut at the end of "
-                   "a sample whose CFL passed 1.25 times it (default 0.4)")
+                   "a sample whose CFL passed 1.25 times it and lengthened after one below half of it (default 0.4)")
     h.add_argument("--relaxation", type=float, default=5.0, metavar="CHI",
                    help="strength of the high-pass-filter relaxation, 1/time (NekRS's hpfrt; default 5, 0: off)")
     h.add_argument("--relaxation-modes", type=int, default=1, metavar="M",

@@ -53,13 +53,15 @@ def _start(lx, lz):
     return u0
 
 
-CUT = 1.25  # a sample ending above CUT·cfl cuts the step
+CUT, GROW = 1.25, 0.5  # a sample ending above CUT·cfl cuts the step, one below GROW·cfl lengthens it (≤ 2×)
 
 
-def cut_dt(dt: float, cfl_now: float, cfl: float, sample: float) -> float:
-    """The step that brings the CFL number ``cfl_now`` (reached at step ``dt``) to ``cfl`` or
-    below, a divisor of ``sample``: sample/⌈sample·cfl_now/(dt·cfl)⌉."""
-    return sample / math.ceil(sample * cfl_now / (dt * cfl) - 1e-9)
+def cut_dt(dt: float, cfl_now: float, cfl: float, sample: float, grow: float = 2.0) -> float:
+    """The largest step that brings the CFL number ``cfl_now`` (reached at step ``dt``) to ``cfl``
+    or below, at most ``grow``·``dt``, a divisor of ``sample``:
+    sample/max(⌈sample·cfl_now/(dt·cfl)⌉, ⌈sample/(grow·dt)⌉)."""
+    n = max(math.ceil(sample * cfl_now / (dt * cfl) - 1e-9), math.ceil(sample / (grow * dt) - 1e-9))
+    return sample / n
 
 
 def relaxation_option(modes: int, strength: float):
@@ -96,9 +98,10 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
     series (per rank under MPI); ``resume``: such a file of the same problem, from which the run
     continues to ``t_final`` as if never stopped. ``dt=None``: the step starts at CFL ``cfl`` and,
     since a flow in transition speeds up near the walls (the CFL number of a laminar start
-    triples), is cut at the end of any sample whose CFL number passed :data:`CUT`·``cfl``, back to
-    ``cfl`` (:func:`cut_dt` a divisor of ``sample``; the BDF/EXT history restarts at first order, as at t = 0);
-    a given ``dt`` is kept. ``relaxation``: the :class:`~jaxsem.models.navier_stokes.Relaxation`
+    triples, with short bursts), is cut at the end of any sample whose CFL number passed
+    :data:`CUT`·``cfl`` and lengthened (at most doubled) after one below :data:`GROW`·``cfl``,
+    each time toward ``cfl`` and to a divisor of ``sample`` (:func:`cut_dt`); the BDF/EXT history
+    then restarts at first order, as at t = 0. A given ``dt`` is kept. ``relaxation``: the :class:`~jaxsem.models.navier_stokes.Relaxation`
     (high-pass-filter relaxation, NekRS's channel example's one mode at χ = 5) or None."""
     place = place or {}
     tic = time.perf_counter()
@@ -154,7 +157,7 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                          ("kinetic_energy", s.kinetic_energy[-1]), ("wall_shear", tw.mean()), ("cfl", s.cfl[-1]),
                          ("dt", ns.dt)):
                 series[k].append(float(v))
-            if adapt and s.cfl[-1] > CUT * cfl:
+            if adapt and not GROW * cfl <= s.cfl[-1] <= CUT * cfl:
                 step = cut_dt(float(ns.dt), float(s.cfl[-1]), cfl, sample)
                 progress(f"t = {float(st.t):g}: CFL {float(s.cfl[-1]):.3g}, dt {float(ns.dt):.4g} -> {step:.4g}")
                 ns, st = _with_dt(ns, step), dataclasses.replace(st, past=jnp.zeros_like(st.past))
