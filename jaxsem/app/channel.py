@@ -56,11 +56,11 @@ def _start(lx, lz):
 CUT, GROW = 1.25, 0.5  # a sample ending above CUT·cfl cuts the step, one below GROW·cfl lengthens it (≤ 2×)
 
 
-def cut_dt(dt: float, cfl_now: float, cfl: float, sample: float, grow: float = 2.0) -> float:
+def cut_dt(dt: float, cfl_now: float, cfl: float, sample: float) -> float:
     """The largest step that brings the CFL number ``cfl_now`` (reached at step ``dt``) to ``cfl``
-    or below, at most ``grow``·``dt``, a divisor of ``sample``:
-    sample/max(⌈sample·cfl_now/(dt·cfl)⌉, ⌈sample/(grow·dt)⌉)."""
-    n = max(math.ceil(sample * cfl_now / (dt * cfl) - 1e-9), math.ceil(sample / (grow * dt) - 1e-9))
+    or below, at most 2·``dt``, a divisor of ``sample``:
+    sample/max(⌈sample·cfl_now/(dt·cfl)⌉, ⌈sample/(2dt)⌉)."""
+    n = max(math.ceil(sample * cfl_now / (dt * cfl) - 1e-9), math.ceil(sample / (2 * dt) - 1e-9))
     return sample / n
 
 
