@@ -31,8 +31,8 @@
 #              Taylor-Green step time: shard, jax.distributed and mpi4jax
 #   tgvlong    Taylor-Green to t = 20 on every GPU
 # One GPU, the flows and gradients still open (docs/flows.md, docs/gradients.md, docs/mosaic.md):
-#   channel    the Re_tau = 180 channel, 8^3 elements of order 7: transition to t = 60, then as long an
-#              average as fits CHANNEL_BUDGET seconds (default 530; experiments/channel_run.py)
+#   channel    the Re_tau = 180 channel, 8^3 elements of order 7, averaged over t = 60..200 (the CLI's
+#              defaults; 9 minutes on an H200)
 #   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:16), FD along nu
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
 #   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
@@ -147,8 +147,8 @@ has tgvmpi && timed tgvmpi mpi 600 "mpirun -n $NGPU $PY $TGV --transport mpi --o
 has tgvlong && timed tgvlong tgv32 3600 "$PY -m experiments.tgv_long --order 7 --elements 32 --t-final 20 --dt 2e-3 \
   --segment 1.0 --devices $NGPU --out $OUT/tgv32"
 
-has channel && timed channel re180 $(( ${CHANNEL_BUDGET:-530} + 60 )) "$PY -m experiments.channel_run --order 7 \
-  --elements 8 8 8 --average-from 60 --budget ${CHANNEL_BUDGET:-530} --out $OUT/channel_run.json --files $OUT/chan"
+has channel && timed channel re180 590 "$PY -m jaxsem solve channel --order 7 --elements 8 8 8 --t-final 200 \
+  --average-from 60 --out $OUT/chan --json > $OUT/channel.json"
 has nsgrad && timed nsgrad 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
   --schedule binomial:16 --skip check --fd 1 --out $OUT/ns_gradient_size_18p7.json"
 has nsgradfd && timed nsgradfd 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \

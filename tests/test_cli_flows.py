@@ -120,7 +120,7 @@ BAD = [
     (["solve", "rbc", "--dt", "0.003"], "--dt"),  # does not divide the 0.1 sample
     (["solve", "rbc", "--t-final", "0.15"], "--t-final"),
     (["solve", "rbc", "--elements", "3", "1"], "--elements"),
-    (["solve", "channel", "--average-from", "200"], "--average-from"),
+    (["solve", "channel", "--average-from", "300"], "--average-from"),
     (["solve", "channel", "--reynolds-bulk", "0"], "--reynolds-bulk"),
     (["solve", "channel", "--lengths", "1", "-1"], "--lengths"),
     (["solve", "channel", "--resume", "/nonexistent/ck.npz"], "--resume"),

@@ -370,6 +370,34 @@ def test_cli_sigterm_during_the_steps_keeps_the_checkpoint_and_says_where(tmp_pa
     _only(tmp_path, "ck.npz")
 
 
+def test_cli_channel_sigterm_names_its_checkpoint_and_the_steps_of_the_run(tmp_path):
+    """The channel checkpoints at the end of each sample, its own way: SIGTERM after the first
+    one reports the run's step count (not the current sample's), the file, and the step and time
+    of the state it holds; --resume is offered."""
+    path = tmp_path / "ck.npz"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "jaxsem", "solve", "channel", "--order", "2", "--elements", "2", "2", "2",
+         "--reynolds-bulk", "400", "--t-final", "200", "--average-from", "100", "--sample", "0.25",
+         "--checkpoint", str(path), "--json", "-q"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not path.exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 143, err
+    r = json.loads(out)
+    ck = load_checkpoint(path)
+    assert (r["status"], r["checkpoint"], r["problem"]) == ("interrupted", str(path), "channel")
+    assert ck.step >= 1 and r["step"] >= ck.step and r["t"] >= ck.t
+    assert f"checkpoint {path} holds the state of step {ck.step} (t = {ck.t:.6g})" in r["message"], r["message"]
+    assert f"--resume {path}" in r["message"]
+
+
 def test_cli_sigint_during_set_up_exits_130_with_json(tmp_path):
     """Ctrl-C before the steps (set-up, compilation): exit 130, one line on stderr, JSON with status
     interrupted and no step."""

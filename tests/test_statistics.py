@@ -47,6 +47,27 @@ def test_two_states_give_their_mean_and_the_stress_of_their_difference():
         ST.means(ST.start(ns, s1))
 
 
+def test_plane_moments_count_the_spatial_variation_of_the_means():
+    """A state held in time with v = 0.1 sin(πx)(1 − y²): its pointwise stresses are zero, its
+    stresses about the time-and-plane mean are the plane variance, ⟨v'v'⟩ = 0.005(1 − y²)²
+    (up to the GLL rule's error on sin²), and ⟨u'v'⟩ = 0 since u does not vary along x."""
+    ns = _channel()
+    st = _state(ns, 1.0)
+    acc = jax.jit(ST.accumulate)
+    avg = acc(acc(ST.start(ns, st), st, 0.5), st, 1.5)
+    np.testing.assert_allclose(ST.means(avg)["stress"], 0.0, atol=1e-14)
+    y, U, stress = ST.plane_moments(ns, avg, axis=1)
+    _, plain = ST.plane_average(ns, jnp.stack([st.u[1], st.u[1] ** 2]), axis=1)
+    np.testing.assert_allclose(U[0], 1.5 * (1 - y**2), atol=1e-13)
+    np.testing.assert_allclose(U[1], 0.0, atol=1e-15)
+    np.testing.assert_allclose(stress[1], plain[1] - plain[0] ** 2, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(stress[1], 0.005 * (1 - y**2) ** 2, rtol=0, atol=2e-5)
+    assert float(np.max(stress[1])) > 4e-3
+    np.testing.assert_allclose(stress[[0, 2, 3, 4, 5]], 0.0, atol=1e-14)
+    with pytest.raises(ValueError, match="no state was accumulated"):
+        ST.plane_moments(ns, ST.start(ns, st), axis=1)
+
+
 def test_plane_profile_on_a_graded_mesh():
     """A field of y alone averages to itself on each of the Ey·N + 1 planes of nodes."""
     ns = _channel()

@@ -21,7 +21,7 @@ MAX_DEFORM = 0.27  # box_mesh keeps the Jacobian positive for |deform| < 0.27
 PROBLEMS = ("poisson", "maxwell", "advection")
 TIME_DEFAULTS = dict(t_final=0.5, flux="upwind", cfl=0.5, method="lserk4")
 KOVASZNAY_DEFAULTS = dict(order=6, elements=(3, 4, 1), t_final=20.0, steady_tol=1e-9)
-CHANNEL_DEFAULTS = dict(order=7, elements=(8, 8, 8), t_final=100.0, average_from=50.0, sample=0.5)
+CHANNEL_DEFAULTS = dict(order=7, elements=(8, 8, 8), t_final=200.0, average_from=60.0, sample=0.5)
 RBC_DEFAULTS = dict(order=5, elements=(3, 1, 3), rayleigh=1800.0, t_final=1.0, sample=0.1, dt=0.002)
 # per DFG case: (t_final, sample) in seconds
 CYLINDER_DEFAULTS = {"2D-1": (30.0, 0.1), "2D-2": (8.0, 0.01), "3D-1Z": (30.0, 0.1)}
@@ -260,9 +260,9 @@ def _flow_parsers(probs) -> None:
                    help="Lx Lz in half heights (default 2pi pi)")
     h.add_argument("--grading", type=float, default=2.0, help="tanh grading strength toward the walls (default 2)")
     h.add_argument("--t-final", type=float, default=CHANNEL_DEFAULTS["t_final"],
-                   help="the end time in h/U_b, a whole number of --sample (default 100)")
+                   help="the end time in h/U_b, a whole number of --sample (default 200)")
     h.add_argument("--average-from", type=float, default=CHANNEL_DEFAULTS["average_from"],
-                   help="averages from this time on (default 50)")
+                   help="averages from this time on (default 60)")
     h.add_argument("--sample", type=float, default=CHANNEL_DEFAULTS["sample"],
                    help="interval of the series and of the averages (default 0.5)")
     h.add_argument("--dt", type=float, default=None,

@@ -26,7 +26,7 @@ from ..mesh.grading import Grading
 from ..models import navier_stokes as NS
 from ..models.navier_stokes import statistics as ST
 from ..solvers.driver import RunOptions
-from ..solvers.stops import NonFiniteError, RunStopped
+from ..solvers.stops import NonFiniteError, RunInterrupted, RunStopped
 from .files import save_figure, write_csv
 from .tgv import setup_at_cfl
 from .verify import _where
@@ -85,7 +85,7 @@ def _fold(y, f, odd=False):
 
 
 def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], lengths=(2 * np.pi, np.pi),
-                grading: float = 2.0, t_final: float = 100.0, average_from: float = 50.0, sample: float = 0.5,
+                grading: float = 2.0, t_final: float = 200.0, average_from: float = 60.0, sample: float = 0.5,
                 dt: float | None = None, cfl: float = 0.4, out: str | None = None, backend: str = "auto",
                 place: dict | None = None, checkpoint: str | None = None, resume: str | None = None,
                 relaxation: NS.Relaxation | None = NS.Relaxation(1, 5.0),
@@ -148,9 +148,13 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                                  int(ck.fields["sums"][2]))
         first, steps = len(series["time"]), ck.step
         progress(f"resumed from {resume} at t = {ck.t:g} ({first} samples)")
+    kept, saved = (resume, (steps, float(st.t))) if resume is not None else (None, None)  # the file, its (step, t)
     try:
         for i in range(first, samples):
-            st, s, info = NS.run(ns, st, (i + 1) * sample, sample_interval=sample, options=opts)
+            try:
+                st, s, info = NS.run(ns, st, (i + 1) * sample, sample_interval=sample, options=opts)
+            except RunInterrupted as e:  # count the run's steps; name the file of the last sample's end
+                raise RunInterrupted(steps + e.step, e.t, e.signal, kept, saved) from None
             steps, seconds = steps + info.steps, seconds + info.seconds
             tw = np.asarray(shear(ns, st))
             for k, v in (("time", s.time[-1]), ("bulk_velocity", s.bulk_velocity[-1]), ("driving", s.driving[-1]),
@@ -171,6 +175,7 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                               **{f"series.{k}": np.asarray(v) for k, v in series.items()},
                               sums=np.array([tau, pushed, averaged], float), dt_now=np.array(float(ns.dt)))
                 save_checkpoint(checkpoint + suffix, fields, float(st.t), steps, **meta)
+                kept, saved = checkpoint, (steps, float(st.t))
     except (NonFiniteError, RunStopped) as e:
         return dict(base, converged=False, status=e.status, steps=e.step, t=e.t, message=str(e))
     record = dict(base, converged=True, status="t_final", steps=steps, t=float(st.t), seconds=seconds,
@@ -179,12 +184,11 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
                   u_bulk=float(np.mean(series["bulk_velocity"])), series=series)
     if not averaged:
         return dict(record, re_tau=None, profiles=None, comparison=None)
-    m = ST.means(avg)
     u_tau = math.sqrt(abs(tau / averaged))
-    y, prof = ST.plane_average(ns, jnp.concatenate([m["u"][:1], m["stress"][jnp.array([0, 1, 2, 3])]]), axis=1)
-    d, U = _fold(y, prof[0])
-    uu, vv, ww = (np.maximum(_fold(y, prof[k])[1], 0.0) for k in (1, 2, 3))
-    uv = _fold(y, prof[4], odd=True)[1]
+    y, mean, stress = ST.plane_moments(ns, avg, axis=1)
+    d, U = _fold(y, mean[0])
+    uu, vv, ww = (np.maximum(_fold(y, stress[k])[1], 0.0) for k in (0, 1, 2))
+    uv = _fold(y, stress[3], odd=True)[1]
     yp = d * u_tau / nu
     profiles = dict(y_plus=yp.tolist(), u_plus=(U / u_tau).tolist(), u_rms_plus=(np.sqrt(uu) / u_tau).tolist(),
                     v_rms_plus=(np.sqrt(vv) / u_tau).tolist(), w_rms_plus=(np.sqrt(ww) / u_tau).tolist(),
@@ -213,8 +217,8 @@ def plot(profiles: dict, path: str) -> str:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    yp = np.maximum(np.asarray(profiles["y_plus"]), 1e-3)
-    a.semilogx(yp, profiles["u_plus"], "b-", label="jaxsem")
+    yp, up = np.asarray(profiles["y_plus"]), np.asarray(profiles["u_plus"])
+    a.semilogx(yp[yp > 0], up[yp > 0], "b.-", label="jaxsem")
     a.semilogx([p for p, _ in DNS["u_plus"]], [u for _, u in DNS["u_plus"]], "ko", label="DNS (MKM 1999)")
     a.set(xlabel="y+", ylabel="U+", title="mean velocity")
     for k, style in (("u_rms_plus", "b-"), ("v_rms_plus", "g-"), ("w_rms_plus", "r-")):

@@ -184,7 +184,7 @@ def _interrupted(args, e: BaseException) -> tuple[dict, str, int]:
     checkpoint = getattr(args, "checkpoint", None)  # the path --resume takes (per-rank files under MPI)
     if isinstance(e, RunInterrupted):
         signum, step, t, text = e.signal, e.step, e.t, str(e)
-        checkpoint = checkpoint if e.checkpoint is not None else None
+        checkpoint = (checkpoint or e.checkpoint) if e.checkpoint is not None else None
     else:
         signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
         step = t = None

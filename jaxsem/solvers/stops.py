@@ -71,15 +71,20 @@ class RunInterrupted(_Stop, BaseException):
     """A run stopped by SIGINT or SIGTERM after a whole chunk (and its checkpoint).
 
     Attributes: ``step`` and ``t`` reached, ``signal`` (its number), ``checkpoint`` (the
-    file holding that state, or ``None`` where the run writes none).
+    file holding that state, or ``None`` where the run writes none). ``kept_at``: ``(step, t)``
+    of the state the checkpoint holds where that is an earlier one (a run that checkpoints
+    only at the end of its samples), else ``None``.
     """
 
     status = "interrupted"
 
-    def __init__(self, step: int, t: float, signum: int, checkpoint: str | None):
+    def __init__(self, step: int, t: float, signum: int, checkpoint: str | None,
+                 kept_at: tuple[int, float] | None = None):
         self.signal = signum
         self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
-        kept = (f"checkpoint {self.checkpoint} holds this state" if checkpoint is not None
+        self.kept_at = kept_at
+        held = "this state" if kept_at is None else f"the state of step {kept_at[0]} (t = {kept_at[1]:.6g})"
+        kept = (f"checkpoint {self.checkpoint} holds {held}" if checkpoint is not None
                 else "no checkpoint was written")
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} (t = {t:.6g}); {kept}",
                          step, t)

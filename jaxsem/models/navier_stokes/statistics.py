@@ -5,7 +5,9 @@ second moments uᵢuⱼ and uᵢθ, one state at a time (:func:`accumulate`: pur
 that a checkpoint holds with the state); :func:`means` turns them into time averages and the
 Reynolds stresses ⟨uᵢ'uⱼ'⟩ = ⟨uᵢuⱼ⟩ − ⟨uᵢ⟩⟨uⱼ⟩ and turbulent fluxes ⟨uᵢ'θ'⟩.
 :func:`plane_average` averages a field over the planes normal to an axis (the homogeneous
-directions of a channel: a profile against the wall distance), mass-weighted, on the host.
+directions of a channel: a profile against the wall distance), mass-weighted, on the host;
+:func:`plane_moments` gives a homogeneous flow's profiles of the means and of the Reynolds
+stresses averaged over time and planes together.
 :func:`wall_shear` is the mean viscous traction of the flow on a wall group and
 :func:`friction_velocity` u_τ = √|τ_w|.
 """
@@ -22,7 +24,7 @@ from ...discretization import surface as sf
 from .scheme import NavierStokes, State, _grad
 
 __all__ = ["Averages", "start", "accumulate", "means", "plane_average", "wall_shear", "friction_velocity",
-           "PAIRS"]
+           "plane_moments", "PAIRS"]
 
 # the six components of a symmetric second moment, in the order of Averages.uu
 PAIRS = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
@@ -98,6 +100,22 @@ def plane_average(ns: NavierStokes, field, axis: int, tol: float = 1e-9):
     coords = np.array([x[g].mean() for g in groups])
     vals = np.stack([(f[..., g] * b[g]).sum(-1) / b[g].sum() for g in groups], axis=-1)
     return coords, vals
+
+
+def plane_moments(ns: NavierStokes, avg: Averages, axis: int):
+    """Profiles of a flow homogeneous in the planes normal to ``axis``, averaged over time and
+    planes together: ``(coordinates (K,), U (3, K), stress (6, K))`` with U the plane average of
+    the time-mean velocity and stress the second moments about it, ⟨uᵢuⱼ⟩ − UᵢUⱼ (order
+    :data:`PAIRS`), as a channel's DNS defines them. Unlike the plane average of :func:`means`'s
+    pointwise stresses, these count the spatial variation of the time means (streaks that a
+    finite average has not yet washed out) as fluctuation. ``ValueError`` if nothing was
+    accumulated."""
+    if float(avg.weight) <= 0:
+        raise ValueError("plane_moments: no state was accumulated (the weights sum to 0)")
+    w = avg.weight
+    y, prof = plane_average(ns, jnp.concatenate([avg.u / w, avg.uu / w]), axis)
+    U, raw = prof[:3], prof[3:]
+    return y, U, raw - np.stack([U[i] * U[j] for i, j in PAIRS])
 
 
 def wall_shear(ns: NavierStokes, state: State, group: str):
