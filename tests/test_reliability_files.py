@@ -344,19 +344,25 @@ def _tgv(tmp_path, *extra):
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _term_once_written(p, path, settle=0.0):
+    """SIGTERM to the process ``p`` once ``path`` exists (and ``settle`` seconds later): its output."""
+    try:
+        deadline = time.time() + 120
+        while not path.exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(settle)
+        p.send_signal(signal.SIGTERM)
+        return p.communicate(timeout=120)
+    finally:
+        p.kill()
+
+
 def test_cli_sigterm_during_the_steps_keeps_the_checkpoint_and_says_where(tmp_path):
     """SIGTERM once the first checkpoint exists: exit 143, one line on stderr (no traceback), one JSON
     object on stdout with status, step and t, and the checkpoint on disk at that step."""
     path = tmp_path / "ck.npz"
     p = _tgv(tmp_path, "--checkpoint", str(path))
-    try:
-        deadline = time.time() + 120
-        while not path.exists() and p.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    out, err = _term_once_written(p, path)
     assert p.returncode == 143, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("jaxsem: interrupted by SIGTERM at step ")
@@ -380,15 +386,7 @@ def test_cli_channel_sigterm_names_its_checkpoint_and_the_steps_of_the_run(tmp_p
          "--reynolds-bulk", "400", "--t-final", "200", "--average-from", "100", "--sample", "0.25",
          "--checkpoint", str(path), "--json", "-q"],
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not path.exists() and p.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.5)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    out, err = _term_once_written(p, path, settle=0.5)
     assert p.returncode == 143, err
     r = json.loads(out)
     ck = load_checkpoint(path)
