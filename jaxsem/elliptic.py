@@ -259,8 +259,14 @@ def _precond(H: Helmholtz):
     return lambda r: dinv * r
 
 
-def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 1000, method: str = "classic"):
-    """:func:`solve` on rank-local data (inside :meth:`SEM.local_map`, or on one device)."""
+def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 1000, method: str = "classic",
+                adjoint_guess=None):
+    """:func:`solve` on rank-local data (inside :meth:`SEM.local_map`, or on one device).
+
+    ``adjoint_guess``: None, or an E-vector like ``b`` that starts the adjoint solve and whose
+    cotangent is that solve's result in the same form (:func:`jaxsem.solvers.pcg.linear_solve`):
+    a time stepper's reverse pass hands each step's back to the step before it, extrapolated.
+    The value and the forward derivative do not depend on it."""
     sem = H.sem
     method = _method(H, method)
     keep_z = H.pmg is not None
@@ -270,7 +276,8 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
         return linear_solve(
             operator(sem, H.h1, H.h2), b, dot=sem.dot, dots=sem.dots, project=lambda u: sem.mask * sem.dssum(sem.mult * u),
             weight=sem.mult * sem.mask, precond=M, tol=tol, maxiter=maxiter, method=method,
-            transposable=sem.backend.transposable, keep_z=keep_z, x0=x0, nullspace=ones if H.nullspace else None)
+            transposable=sem.backend.transposable, keep_z=keep_z, x0=x0, nullspace=ones if H.nullspace else None,
+            adjoint_guess=adjoint_guess)
     a = sem.assembled
     g = lambda u: assembled.from_local(a, u, sem.mult)
     keep = g(sem.mask)  # 1 on free nodes, 0 on Dirichlet ones
@@ -284,7 +291,10 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
         weight=weight, precond=lambda r: g(M(assembled.to_local(a, r))), tol=tol, maxiter=maxiter,
         dots=functools.partial(assembled.dots, a), method=method, transposable=sem.backend.transposable,
         keep_z=keep_z, x0=None if x0 is None else g(x0),
-        nullspace=jnp.broadcast_to(keep, gb.shape) if H.nullspace else None)
+        nullspace=jnp.broadcast_to(keep, gb.shape) if H.nullspace else None,
+        # Qᵀ(√mult ·): its transpose √mult·Q takes the adjoint back to an E-vector that it maps
+        # onto the same assembled vector again (the product is the identity on the nodes)
+        adjoint_guess=None if adjoint_guess is None else assembled.scatter(a, jnp.sqrt(sem.mult) * adjoint_guess))
     return assembled.to_local(a, x), info
 
 

@@ -116,3 +116,46 @@ def test_checkpointed_gradient_equals_plain(checkpointing):
     assert abs(float(chunked[0] - plain[0])) < 1e-11 * abs(float(plain[0]))
     assert float(jnp.max(jnp.abs(chunked[1] - plain[1]))) < 1e-11 * float(jnp.max(jnp.abs(plain[1])))
     assert float(jnp.max(jnp.abs(plain[1]))) > 0
+
+
+def test_binomial_schedule_starts_each_adjoint_from_the_later_steps():
+    """With ``Checkpointing(snapshots=…)`` the reverse pass starts each step's adjoint solves from
+    the adjoint solutions of the steps after it, extrapolated: the same gradient (to the solves'
+    tolerance), with the pressure adjoint's iterations (read by a spy on the adjoint check) cut
+    by more than a third. The loss reads the solves' info (``has_aux``), as simulate's docstring
+    suggests: integer observations go through the schedule's reverse pass."""
+    import importlib
+
+    import jax
+
+    from jaxsem.solvers.timestepping import Checkpointing
+
+    pcg = importlib.import_module("jaxsem.solvers.pcg")
+    mesh = js.box_mesh(3, 5, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+    ns = NS.setup(mesh, nu=1 / 1600, dt=1e-2)  # the default tolerances
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+
+    def loss(nu, U, ck):
+        st, info = NS.simulate(dataclasses.replace(ns, nu=nu), dataclasses.replace(st0, U=U), 40, checkpointing=ck,
+                               info=True)
+        return ns.sem.integrate(jnp.sum(st.u ** 2, 0)), info
+
+    iterations, check = [], pcg.check_adjoint
+
+    def spy(info, tol):
+        jax.debug.callback(lambda i: iterations.append(int(np.max(i))), info.iterations)
+        check(info, tol)
+
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pcg, "check_adjoint", spy)
+        for name, ck in (("plain", Checkpointing()), ("binomial", Checkpointing(snapshots=3))):
+            iterations.clear()
+            (_, info), g = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(ns.nu, st0.U, ck)
+            assert bool(np.all(info.pressure.converged))
+            # per step, the velocity's adjoint is transposed first, then the pressure's
+            out[name] = (g, float(np.mean(np.asarray(iterations).reshape(40, 2)[:, 1])))
+    (gp, plain), (gb, binomial) = out["plain"], out["binomial"]
+    assert abs(float(gb[0] - gp[0])) < 1e-9 * abs(float(gp[0]))
+    assert float(jnp.max(jnp.abs(gb[1] - gp[1]))) < 1e-9 * float(jnp.max(jnp.abs(gp[1])))
+    assert binomial < (2 / 3) * plain, (binomial, plain)

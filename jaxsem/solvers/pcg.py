@@ -372,6 +372,7 @@ def linear_solve(
     keep_z: bool = False,
     x0=None,
     nullspace=None,
+    adjoint_guess=None,
 ):
     """Differentiable SEM solve: ``x = S b`` with implicit-function gradients.
 
@@ -394,7 +395,12 @@ def linear_solve(
     ``symmetric=True``). First derivatives are exact either way; second
     derivatives through such a solve are not supported. ``x0``: an initial guess for
     the forward solve, projected like ``b`` (not differentiated: the solution does not
-    depend on it, and the adjoint solve starts from zero). Others as :func:`pcg`, whose checks run here first
+    depend on it). ``adjoint_guess``: None (the adjoint solve starts from zero) or an array
+    like ``b`` that starts it (a guess of Sᵀ c, e.g. the adjoint of the previous time step's
+    solve) and whose cotangent is the adjoint solution Sᵀ c itself, to be the next guess: the
+    solve's value and tangent do not depend on the guess's value, and its tangent enters as
+    ``b``'s does (zero for a guess made of constants; reverse mode alone reads it, through a
+    driver that passes it on). Others as :func:`pcg`, whose checks run here first
     (before tracing). Returns ``(x, PCGInfo)``.
     """
     _check_options(tol, maxiter, method, b)
@@ -409,8 +415,15 @@ def linear_solve(
     def solve(_, rhs):
         return run(project(rhs), x0)
 
+    safe = jnp.where(weight != 0, weight, 1)
+    y0 = None
+    if adjoint_guess is not None:
+        g = lax.stop_gradient(adjoint_guess)
+        y0 = project(jnp.where(weight != 0, g / safe, 0))  # the iterate whose image weight·y is the guess
+        b = b + (adjoint_guess - g)  # b's value; its tangent (and so the cotangent Sᵀc) shared with the guess
+
     def transpose_solve(_, ct):
-        y, info = run(project(ct / jnp.where(weight != 0, weight, 1)))
+        y, info = run(project(ct / safe), y0)
         check_adjoint(info, tol)
         return weight * y, info
 

@@ -191,7 +191,10 @@ class Checkpointing:
     """The memory schedule of reverse mode (``jax.grad``) through :func:`integrate` (static, hashable).
 
     Values and gradients do not depend on it (each step's arithmetic is the
-    same), only memory and time.
+    same), only memory and time; a step whose adjoint solves take guesses
+    (:func:`checkpointed_scan`'s ``adjoint_guess``, as Navier–Stokes's do) gets them
+    under the binomial schedule alone, and its gradient then agrees to the solves'
+    tolerance.
 
     Attributes:
       every: steps per recomputed chunk.
@@ -348,18 +351,34 @@ def integrate(
     return (y, obs) if observe is not None else y
 
 
-def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpointing = Checkpointing()):
+def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpointing = Checkpointing(),
+                      adjoint_guess=None):
     """``lax.scan(one, y0, jnp.arange(num_steps))`` under the reverse-mode memory schedule
     ``checkpointing`` (:class:`Checkpointing`): ``one(y, m) -> (y, obs)`` is step ``m``.
     Returns ``(y, obs)`` with ``obs`` stacked over the steps. Values do not depend on the
-    schedule; a step with ordered effects (MPI messages) is recomputed through a custom VJP."""
+    schedule; a step with ordered effects (MPI messages) is recomputed through a custom VJP.
+
+    ``adjoint_guess``: None, or a pytree of zeros for a step ``one(y, m, g)`` whose linear
+    solves take ``g``'s leaves as their ``adjoint_guess``
+    (:func:`jaxsem.solvers.pcg.linear_solve`). The binomial schedule's reverse pass then starts
+    each step's adjoint solves from the adjoint solutions of the steps after it (the cotangent
+    of ``g``), extrapolated in time from the last three (quadratically; its forward pass calls
+    ``one(y, m, zeros)``); the other schedules call ``one(y, m, None)``, whose adjoint solves
+    start from zero."""
     if not isinstance(checkpointing, Checkpointing):
         raise TypeError(f"checkpointing must be a Checkpointing, got {checkpointing!r}")
     num_steps = _check_steps(num_steps)
     steps = jnp.arange(num_steps)
+    if adjoint_guess is not None:
+        if checkpointing.snapshots is not None and num_steps >= 2:
+            conv, consts = jax.closure_convert(one, y0, steps[0], adjoint_guess)
+            return _revolve(conv, _RevolveTable(num_steps, checkpointing.snapshots), y0, adjoint_guess, *consts)
+        with_guess = one
+        one = lambda y, m: with_guess(y, m, None)  # noqa: E731
     if checkpointing.snapshots is not None and num_steps >= 2:
         conv, consts = jax.closure_convert(one, y0, steps[0])
-        return _revolve(conv, _RevolveTable(num_steps, checkpointing.snapshots), y0, *consts)
+        return _revolve(lambda y, m, g, *cs: conv(y, m, *cs), _RevolveTable(num_steps, checkpointing.snapshots),
+                        y0, None, *consts)
     c = checkpointing.chunk(num_steps)
     if c is None:
         return jax.lax.scan(one, y0, steps)
@@ -506,68 +525,78 @@ class _RevolveTable:
         return isinstance(other, _RevolveTable) and (self.n, self.s) == (other.n, other.s)
 
 
-def _advance(one, y, start, count, consts):
-    """``count`` (traced) steps of ``one`` from step ``start``; observations dropped."""
-    return jax.lax.fori_loop(0, count, lambda j, y: one(y, start + j, *consts)[0], y)
-
-
 def _put(buf, slot, y):
     return jax.tree_util.tree_map(lambda b, a: jax.lax.dynamic_update_index_in_dim(b, a, slot, 0), buf, y)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _revolve(one, table, y0, *consts):
-    """``lax.scan`` of ``one(y, m, *consts) -> (y, obs)`` over ``m = 0 .. n − 1``."""
-    return jax.lax.scan(lambda y, m: one(y, m, *consts), y0, jnp.arange(table.n))
+def _revolve(one, table, y0, g0, *consts):
+    """``lax.scan`` of ``one(y, m, g0, *consts) -> (y, obs)`` over ``m = 0 .. n − 1``; ``g0``:
+    the zero adjoint guesses (a pytree, or None)."""
+    return jax.lax.scan(lambda y, m: one(y, m, g0, *consts), y0, jnp.arange(table.n))
 
 
-def _revolve_fwd(one, table, y0, *consts):
+def _revolve_fwd(one, table, y0, g0, *consts):
     buf = jax.tree_util.tree_map(lambda a: jnp.zeros((table.s + 2,) + a.shape, a.dtype), y0)
 
     def body(carry, xs):
         y, buf = carry
         m, slot = xs
         buf = _put(buf, slot, y)  # the step's input, into its snapshot slot or the scratch slot
-        y, obs = one(y, m, *consts)
+        y, obs = one(y, m, g0, *consts)
         return (y, buf), obs
 
     (y, buf), obs = jax.lax.scan(body, (y0, buf), (jnp.arange(table.n), jnp.asarray(table.write)))
-    return (y, obs), (buf, consts)
+    return (y, obs), (buf, g0, consts)
 
 
 def _revolve_bwd(one, table, res, ct):
-    buf, consts = res
+    buf, g0, consts = res
     ybar, obsbar = ct
     s = table.s
+    tmap = jax.tree_util.tree_map
 
-    def pull(y, m, ybar, cbar):
-        _, vjp = jax.vjp(lambda y, cs: one(y, m, *cs), y, consts)
-        ob = jax.tree_util.tree_map(lambda o: o[m], obsbar)
-        ybar, cs_bar = vjp((ybar, ob))
-        return ybar, jax.tree_util.tree_map(jnp.add, cbar, cs_bar)
+    def pull(y, m, ybar, cbar, gs):
+        # gs = (pulled, g1, g2, g3): the adjoint solutions of the last three steps pulled back
+        # start this step's adjoint solves, extrapolated in time as the forward pass extrapolates
+        # the pressure (quadratically; of lower order after fewer steps, zero before any)
+        pulled, g1, g2, g3 = gs
+
+        def extrapolate(a, b, c):
+            return jnp.where(pulled >= 3, 3 * a - 3 * b + c,
+                             jnp.where(pulled == 2, 2 * a - b, jnp.where(pulled == 1, a, jnp.zeros_like(a))))
+
+        g = tmap(extrapolate, g1, g2, g3)
+        _, vjp = jax.vjp(lambda y, cs, g: one(y, m, g, *cs), y, consts, g)
+        ob = tmap(lambda o: np.zeros(o.shape[1:], o.dtype) if o.dtype == jax.dtypes.float0 else o[m], obsbar)
+        ybar, cs_bar, g_bar = vjp((ybar, ob))  # (integer observations have float0 cotangents)
+        return ybar, tmap(jnp.add, cbar, cs_bar), (pulled + 1, g_bar, g1, g2)
+
+    def advance(y, start, count):
+        return jax.lax.fori_loop(0, count, lambda j, y: one(y, start + j, g0, *consts)[0], y)
 
     def row(carry, xs):
-        ybar, cbar, buf = carry
+        ybar, cbar, buf, gs = carry
         restore, pairs, npairs, m = xs
-        y = jax.tree_util.tree_map(lambda b: b[restore], buf)
+        y = tmap(lambda b: b[restore], buf)
 
         def pair(j, yb):
             y, buf = yb
             start, count, slot = pairs[j, 0], pairs[j, 1], pairs[j, 2]
-            y = _advance(one, y, start, count, consts)
+            y = advance(y, start, count)
             return y, _put(buf, slot, y)
 
         y, buf = jax.lax.fori_loop(0, npairs, pair, (y, buf))
-        ybar, cbar = pull(y, m, ybar, cbar)
-        return (ybar, cbar, buf), None
+        ybar, cbar, gs = pull(y, m, ybar, cbar, gs)
+        return (ybar, cbar, buf, gs), None
 
-    zero = jax.tree_util.tree_map(jnp.zeros_like, consts)
-    last = jax.tree_util.tree_map(lambda b: b[s], buf)
-    ybar, cbar = pull(last, table.n - 1, ybar, zero)
-    (ybar, cbar, _), _ = jax.lax.scan(row, (ybar, cbar, buf),
-                                      (jnp.asarray(table.restore), jnp.asarray(table.pairs),
-                                       jnp.asarray(table.npairs), jnp.asarray(table.m)))
-    return (ybar, *cbar)
+    zero = tmap(jnp.zeros_like, consts)
+    last = tmap(lambda b: b[s], buf)
+    ybar, cbar, gs = pull(last, table.n - 1, ybar, zero, (jnp.zeros((), jnp.int32), g0, g0, g0))
+    (ybar, cbar, _, _), _ = jax.lax.scan(row, (ybar, cbar, buf, gs),
+                                         (jnp.asarray(table.restore), jnp.asarray(table.pairs),
+                                          jnp.asarray(table.npairs), jnp.asarray(table.m)))
+    return (ybar, tmap(jnp.zeros_like, g0), *cbar)
 
 
 _revolve.defvjp(_revolve_fwd, _revolve_bwd)

@@ -453,15 +453,16 @@ def _lift(ns: NavierStokes, s: SEM, t):
     return ns.bc.velocity(s, t)
 
 
-def _pressure_solve(ns: NavierStokes, bp, p0, t):
+def _pressure_solve(ns: NavierStokes, bp, p0, t, guess=None):
     """(∇q, ∇p) = bp with the pressure data at time ``t`` on the outflow nodes (lifted), or
     pure Neumann (the solution orthogonal to the constants: zero mean), p-multigrid PCG from
-    ``p0``; ``(p, PCGInfo)``. Rank-local."""
+    ``p0``; ``(p, PCGInfo)``; ``guess``: the adjoint solve's (:func:`step`). Rank-local."""
     o, P = ns.options, ns.pressure
     pb = ns.bc.pressure(P.sem, t)
     if pb is not None:
         bp = bp - P.apply(pb)
-    p, info = solve_local(P, bp, x0=P.sem.mask * p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter)
+    p, info = solve_local(P, bp, x0=P.sem.mask * p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter,
+                          adjoint_guess=guess)
     if P.nullspace:
         return p - ns.psem.integrate(p) / ns.volume, info
     return (p if pb is None else p + pb), info
@@ -538,7 +539,7 @@ def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
     return jnp.concatenate([jnp.stack(out)[None], st.T[:-1]]), FT, _merge(infos)
 
 
-def _step_local(ns: NavierStokes, st: State):
+def _step_local(ns: NavierStokes, st: State, guess=None):
     s, ps, o = ns.sem, ns.psem, ns.options
     k, dt = o.time_order, ns.dt
     dtype = s.x.dtype
@@ -569,7 +570,8 @@ def _step_local(ns: NavierStokes, st: State):
         bp = bp - beta[0] / dt * (_weak_grad_t(s, L) + s.bmass * (g[0, 0] + g[1, 1] + g[2, 2]))
     # the pressure history is one level shorter than the velocity's (no p⁰): EXT of order min(step, k)
     pa = Atab[jnp.clip(jnp.minimum(st.step, st.past) - 1, 0, k - 1)]
-    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1), t1)
+    guess = guess or {}
+    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1), t1, guess.get("p"))
 
     # velocity: (β₀/Δt) B u + ν A u = B(Ub + Fx − ∇p), u = u₀ + L
     h2 = beta[0] / dt
@@ -584,7 +586,8 @@ def _step_local(ns: NavierStokes, st: State):
     if ns.bc.symmetry_groups:
         u0, vinfo = _velocity_by_component(ns, s, h2, w if g is None else w + g, ux, L)
     else:
-        u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter)
+        u0, vinfo = solve_local(V, bv, x0=x0, tol=o.velocity_tol, maxiter=o.velocity_maxiter,
+                                adjoint_guess=guess.get("u"))
     u = u0 if L is None else u0 + L
     drive = jnp.zeros((2,), dtype)
     if dr is not None:
@@ -622,9 +625,19 @@ def _forces_local(ns: NavierStokes, s: SEM, V: Helmholtz, u, p, f):
     return jnp.stack(out)
 
 
-def step(ns: NavierStokes, state: State):
-    """One time step: ``(State, StepInfo)``. Pure; differentiable w.r.t. ``ns.nu`` and the state."""
-    return ns.sem.local_map(lambda _, ns, st: _step_local(ns, st), ns, state)
+def step(ns: NavierStokes, state: State, guess=None):
+    """One time step: ``(State, StepInfo)``. Pure; differentiable w.r.t. ``ns.nu`` and the state.
+
+    ``guess``: None, or ``adjoint_guess(state)``'s dict (``"p"``, ``"u"``): the guesses that start
+    the adjoint pressure and velocity solves, whose cotangents are those solves' results
+    (:func:`jaxsem.solvers.pcg.linear_solve`); the binomial schedule of :func:`simulate` hands
+    them from step to step. Values and forward derivatives do not depend on them."""
+    return ns.sem.local_map(lambda _, ns, st, g: _step_local(ns, st, g), ns, state, guess)
+
+
+def adjoint_guess(state: State) -> dict:
+    """Zero guesses for :func:`step`'s adjoint solves: ``{"p": (E, n, n, n), "u": (3, E, n, n, n)}``."""
+    return dict(p=jnp.zeros_like(state.P[0]), u=jnp.zeros_like(state.U[0]))
 
 
 def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = False,
@@ -641,16 +654,18 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
     BDF/EXT history) per chunk of ⌈√num_steps⌉ steps and recomputes each chunk in the reverse
     pass, for one more forward run; ``Checkpointing(snapshots=s)`` stores at most ``s + 1``
     states and recomputes the fewest steps any schedule with that memory can (binomial
-    schedule; about ``t`` more forward runs where ``C(s + t, t) ≥ num_steps``). Values and
-    gradients do not depend on it."""
+    schedule; about ``t`` more forward runs where ``C(s + t, t) ≥ num_steps``). Values do not
+    depend on it; gradients only to the solves' tolerances, since the binomial schedule starts
+    each step's adjoint pressure and velocity solves from those of the steps after it
+    (extrapolated as the forward pass extrapolates the pressure) instead of from zero."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
 
-    def body(st, _):
-        st, i = step(ns, st)
+    def body(st, _, g):
+        st, i = step(ns, st, g)
         return st, (i if info else None)
 
-    st, infos = checkpointed_scan(body, state, int(num_steps), checkpointing)
+    st, infos = checkpointed_scan(body, state, int(num_steps), checkpointing, adjoint_guess=adjoint_guess(state))
     return (st, infos) if info else st
 
 
