@@ -127,6 +127,8 @@ BAD = [
     (["solve", "tgv", "--dt", "0.05", "--t-final", "0.125"], "--t-final (0.125)"),  # 2.5 steps
     (["solve", "tgv", "--reynolds", "0"], "--reynolds"),
     (["solve", "tgv", "--order", "1"], "--order"),
+    (["solve", "tgv", "--pressure-tol", "0"], "--pressure-tol"),
+    (["solve", "tgv", "--velocity-tol", "1"], "--velocity-tol"),
     (["solve", "tgv", "--resume", "/nonexistent/ckpt.npz"], "--resume"),
     (["solve", "tgv", "--elements", "1000"], "--elements"),
     (["solve", "tgv", "--vtu-every", "0.2"], "--vtu-every"),  # needs --vtu
@@ -244,6 +246,21 @@ def test_solve_tgv_json_contract(capsys, tmp_path):
     # snapshots at 0.2 and at t_final, in two run segments that give the one-run series
     assert r["vtu"] == [str(tmp_path / "s_t0.2.vtu"), str(tmp_path / "s.vtu")]
     assert all(os.path.getsize(p) > 0 for p in r["vtu"])
+
+
+def test_solve_tgv_tolerances_reach_the_solves(capsys):
+    """``--pressure-tol``/``--velocity-tol`` set the solves' tolerances (in the record): at
+    NekRS's 1e-4/1e-6 the energy moves by less than 1e-5 relative from the default run's, and it
+    does move (the solves stop earlier)."""
+    base = ["solve", "tgv", "--order", "3", "--elements", "2", "--t-final", "0.3", "--dt", "0.05", "--json", "-q"]
+    assert cli.main(base) == 0
+    tight, _ = _json(capsys)
+    assert cli.main(base + ["--pressure-tol", "1e-4", "--velocity-tol", "1e-6"]) == 0
+    loose, _ = _json(capsys)
+    assert (tight["pressure_tol"], tight["velocity_tol"]) == (1e-8, 1e-10)
+    assert (loose["pressure_tol"], loose["velocity_tol"]) == (1e-4, 1e-6)
+    a, b = np.asarray(tight["kinetic_energy"]), np.asarray(loose["kinetic_energy"])
+    assert 0 < np.max(np.abs(a - b) / a) < 1e-5, np.max(np.abs(a - b) / a)
 
 
 def _refused(argv, capsys, monkeypatch) -> str:

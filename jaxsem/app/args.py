@@ -141,6 +141,11 @@ def build_parser() -> _Parser:
     t.add_argument("--vtu-every", type=float, default=None, metavar="T",
                    help="with --vtu: also a snapshot at every multiple of T (a multiple of --sample), "
                         "PATH stem + _t<time>.vtu")
+    t.add_argument("--pressure-tol", type=float, default=1e-8, metavar="TOL",
+                   help="relative residual of the pressure solve, started from the extrapolated pressure "
+                        "(default 1e-8; NekRS's and Neko's runs use 1e-4 to 1e-6)")
+    t.add_argument("--velocity-tol", type=float, default=1e-10, metavar="TOL",
+                   help="relative residual of the velocity solves (default 1e-10)")
     t.add_argument("--pmg-dtype", choices=("float64", "float32"), default=None,
                    help="precision of the pressure's p-multigrid V-cycle (default: the solve's, float64)")
     t.add_argument("--checkpoint", metavar="PATH", default=None, help="write a checkpoint after every sample")
@@ -507,6 +512,12 @@ def validate(parser: _Parser, args) -> None:
                          f"got dt = {args.dt:g} ({span / args.dt:.6g} steps)")
             if not (math.isfinite(args.cfl) and 0 < args.cfl <= 1):
                 fail(f"argument --cfl: must satisfy 0 < cfl <= 1, got {args.cfl}")
+            from ..solvers.pcg import min_tol
+
+            for name in ("pressure_tol", "velocity_tol"):
+                v, lo = getattr(args, name), min_tol("float64")
+                if not (math.isfinite(v) and lo <= v < 1):
+                    fail(f"argument --{name.replace('_', '-')}: must satisfy {lo:.3g} <= tol < 1, got {v}")
             if args.order < 2:
                 fail(f"argument --order: must be >= 2 for Navier-Stokes, got {args.order}")
             if args.out is not None:

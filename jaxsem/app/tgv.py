@@ -50,7 +50,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             sample: float = 0.1, cfl: float = 0.4, out: str | None = None, vtu: str | None = None,
             backend: str = "auto", place: dict | None = None, checkpoint: str | None = None,
             resume: str | None = None, vtu_every: float | None = None, progress=lambda m: None,
-            progress_bar: bool = False, pmg_dtype: str | None = None) -> dict:
+            progress_bar: bool = False, pmg_dtype: str | None = None, pressure_tol: float = 1e-8,
+            velocity_tol: float = 1e-10) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
     ``out``: a directory for ``tgv.csv`` and ``tgv.png`` (None: none written; each file written
@@ -60,7 +61,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     at every multiple of it too, ``<vtu stem>_t<time>.vtu`` (not with checkpoints: the run is
     then split into one :func:`navier_stokes.run` call per snapshot). The DNS reference file
     (:func:`flows.tgv_reference`) is read first: a bad one fails before the run, not after it.
-    ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``).
+    ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``);
+    ``pressure_tol``, ``velocity_tol``: the solves' relative residuals (:class:`NS.NSOptions`).
     """
     flows.tgv_reference()
     place = place or {}
@@ -69,7 +71,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     nu = 1.0 / reynolds
     progress(f"Taylor-Green Re {reynolds:g}: order {order}, {'x'.join(map(str, elements))} elements")
     u0 = flows.taylor_green().velocity
-    options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype))
+    options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype), pressure_tol=pressure_tol, velocity_tol=velocity_tol)
     ns, dt = setup_at_cfl(lambda step: NS.setup(mesh, nu=nu, dt=step, backend=backend, options=options, **place),
                           u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
