@@ -35,6 +35,8 @@
 #              defaults; 9 minutes on an H200)
 #   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:16), FD along nu
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
+#   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
+#              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
 #   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
 set -uo pipefail
 if [[ $# -eq 0 || $1 == -h || $1 == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
@@ -42,7 +44,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd horizon "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd tgv36 horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -154,6 +156,11 @@ has nsgrad && timed nsgrad 18p7 1200 "$PY -m experiments.ns_gradient_size --elem
 has nsgradfd && timed nsgradfd 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
   --schedule binomial:16 --skip check gradient --fd 3 --ad-from ${AD_FROM:-experiments/results/ns_gradient_size_18p7_h200.json} \
   --out $OUT/ns_gradient_fd_18p7.json"
+for tols in "1e-8 1e-10" "1e-4 1e-6"; do
+  read -r ptol vtol <<< "$tols"
+  has tgv36 && timed tgv36 "p$ptol" 600 "$PY -m experiments.ns_step_time --order 7 --elements 36 --dt 3e-3 \
+    --steps 50 --pressure-tol $ptol --velocity-tol $vtol --out $OUT/tgv36_step_p$ptol.json"
+done
 has horizon && timed horizon n20 900 "$PY -m experiments.mosaic_ns_grid --only horizon --horizon-steps 10240 \
   --time-limit 900 --out $OUT/mosaic_horizon_10240.json"
 

@@ -49,12 +49,13 @@ def _time(fn, *args, repeats=3):
     return best
 
 
-def case(mesh, K, dt, steps, backend, where):
+def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
     t = time.perf_counter()
-    ns = NS.setup(mesh, nu=1 / 1600, dt=dt, backend=backend, **where)
+    ns = NS.setup(mesh, nu=1 / 1600, dt=dt, backend=backend, options=options, **where)
     st = NS.initial_state(ns, flows.taylor_green().velocity)
     setup = time.perf_counter() - t
-    st, s, _ = NS.run(ns, st, 0.1, sample_interval=0.1)
+    start = dt * max(1, round(0.1 / dt))  # about t = 0.1, in whole steps
+    st, s, _ = NS.run(ns, st, start, sample_interval=start)
     many = jax.jit(lambda ns, st: jax.lax.fori_loop(0, steps, lambda i, x: NS.step(ns, x)[0], st))
     t_step = _time(many, ns, st, repeats=2) / steps
     _, info = jax.jit(NS.step)(ns, st)
@@ -78,7 +79,7 @@ def case(mesh, K, dt, steps, backend, where):
         return s_.dssum(NS.scheme._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux
 
     bp, bv, x0 = jax.jit(lambda ns, st: ns.sem.local_map(rhs, ns, st))(ns, st)
-    psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS.scheme._pressure_solve(ns_, b_, p_),
+    psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS.scheme._pressure_solve(ns_, b_, p_, 0.0),
                                                         ns, b, p0))
     vsolve = jax.jit(lambda ns, b, x: ns.sem.local_map(
         lambda s_, ns_, b_, x_: solve_local(NS.scheme._velocity(ns_, h2), b_, x0=x_, tol=ns_.options.velocity_tol, maxiter=ns_.options.velocity_maxiter), ns, b, x))
@@ -87,6 +88,7 @@ def case(mesh, K, dt, steps, backend, where):
     pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
     p = mesh.order
     return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
+                pressure_tol=options.pressure_tol, velocity_tol=options.velocity_tol,
                 points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
                 convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
                 pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
@@ -102,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--dt", type=float, default=1e-3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--pressure-tol", type=float, default=NS.NSOptions.pressure_tol)
+    ap.add_argument("--velocity-tol", type=float, default=NS.NSOptions.velocity_tol)
     add_transport_args(ap)
     ap.add_argument("--out", default="ns_step_time.json")
     a = ap.parse_args(argv)
@@ -111,7 +115,8 @@ def main(argv=None):
     for K in a.elements:
         mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
         for P, where in ((P, at.where(P)) for P in counts):
-            r = case(mesh, K, a.dt, a.steps, a.backend, where)
+            r = case(mesh, K, a.dt, a.steps, a.backend, where,
+                     NS.NSOptions(pressure_tol=a.pressure_tol, velocity_tol=a.velocity_tol))
             r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
             rows.append(r)
             if rank == 0:
