@@ -73,7 +73,7 @@ def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
     beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
 
     def rhs(s_, ns_, st_):
-        F = jnp.concatenate([NS.scheme._convection(ns_, s_, st_.U[0])[None], st_.F[:-1]])
+        F = jnp.concatenate([NS.scheme._convection(ns_, s_, st_.U[0])[None], st_.F])
         Ub, Fx, ux = jnp.tensordot(beta[1:], st_.U, 1) / ns_.dt, jnp.tensordot(a, F, 1), jnp.tensordot(a, st_.U, 1)
         R = Ub + Fx - ns_.nu * NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, ux))
         return s_.dssum(NS.scheme._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux

@@ -176,12 +176,12 @@ class NavierStokes:
 class State:
     """The solution and its BDF/EXT history (pytree).
 
-    ``U: (k, 3, E, n, n, n)`` velocities uⁿ, uⁿ⁻¹, … (newest first); ``F: (k, 3, E, n, n, n)``
-    the convective terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels; ``P: (k, E, n, n, n)`` the
+    ``U: (k, 3, E, n, n, n)`` velocities uⁿ, uⁿ⁻¹, … (newest first); ``F: (k − 1, 3, E, n, n, n)``
+    the explicit terms N(uⁿ⁻¹), N(uⁿ⁻²), … of the past levels (the next step adds N(uⁿ)); ``P: (k, E, n, n, n)`` the
     pressures pⁿ, pⁿ⁻¹, … (zero mean; extrapolated, they start the next pressure solve);
     ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()`` int32 past levels held (the
     next step runs at order min(past + 1, k)); ``T: (k, S, E, n, n, n)`` the S scalars θⁿ,
-    θⁿ⁻¹, … and ``FT: (k, S, E, n, n, n)`` their advection terms of the past levels (S = 0:
+    θⁿ⁻¹, … and ``FT: (k − 1, S, E, n, n, n)`` their advection terms of the past levels (S = 0:
     no scalars).
     """
 
@@ -516,7 +516,7 @@ def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
     if not ns.scalars:
         return st.T, st.FT, _no_solve(ns)
     o, dt = ns.options, ns.dt
-    FT = jnp.concatenate([_advection(ns, s, st.U[0], st.T[0])[None], st.FT[:-1]])
+    FT = jnp.concatenate([_advection(ns, s, st.U[0], st.T[0])[None], st.FT])  # k levels; the state keeps k − 1
     Tb = jnp.tensordot(beta[1:], st.T, 1) / dt
     Fx = jnp.tensordot(a, FT, 1)
     Tx = jnp.tensordot(a, st.T, 1)
@@ -536,7 +536,7 @@ def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
         th, info = solve_local(H, b, x0=ts.mask * Tx[i], tol=o.velocity_tol, maxiter=o.velocity_maxiter)
         out.append(th if L is None else th + L)
         infos.append(info)
-    return jnp.concatenate([jnp.stack(out)[None], st.T[:-1]]), FT, _merge(infos)
+    return jnp.concatenate([jnp.stack(out)[None], st.T[:-1]]), FT[:-1], _merge(infos)
 
 
 def _step_local(ns: NavierStokes, st: State, guess=None):
@@ -549,7 +549,7 @@ def _step_local(ns: NavierStokes, st: State, guess=None):
     t1 = st.t + dt
 
     T, FT, sinfo = _scalars_local(ns, s, st, beta, a, t1)
-    F = jnp.concatenate([_explicit(ns, s, st.U[0])[None], st.F[:-1]])
+    F = jnp.concatenate([_explicit(ns, s, st.U[0])[None], st.F])  # k levels; the state keeps k − 1
     Fx = jnp.tensordot(a, F, 1)
     if ns.buoyancy is not None:  # the new scalar's force (Boussinesq)
         bu = ns.buoyancy
@@ -603,7 +603,7 @@ def _step_local(ns: NavierStokes, st: State, guess=None):
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
     force = _forces_local(ns, s, V, u, p, Ub + Fx)
-    return (State(U=U, F=F, P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT),
+    return (State(U=U, F=F[:-1], P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT),
             StepInfo(pinfo, vinfo, force, sinfo, drive))
 
 
@@ -696,12 +696,12 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
         levels += [_nodal(ns, past(s.x[0], s.x[1], s.x[2], t0 - i * ns.dt), t0 - i * ns.dt, "past")
                    for i in range(1, k)]
     U = jnp.stack(levels + [levels[-1]] * (k - len(levels)))
-    F = jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _explicit(ns_, s_, v), ns, U[i]) for i in range(1, k)]
-                  + [jnp.zeros_like(U[0])]) if past is not None else jnp.zeros_like(U)
+    F = (jnp.stack([ns.sem.local_map(lambda s_, ns_, v: _explicit(ns_, s_, v), ns, U[i]) for i in range(1, k)])
+         if past is not None and k > 1 else jnp.zeros_like(U[1:]))
     step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
     th = _scalar_start(ns, scalars or {}, t0)
     T = jnp.stack([th] * k)
-    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_, T=T, FT=jnp.zeros_like(T))
+    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_, T=T, FT=jnp.zeros_like(T[1:]))
 
 
 def _scalar_start(ns: NavierStokes, given: dict, t0) -> jax.Array:
