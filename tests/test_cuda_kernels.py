@@ -526,3 +526,47 @@ def test_solve_and_gradient_same_with_gs_kernel(built):
     loss = lambda sem: lambda f: jnp.sum(poisson.solve(sem, f, tol=1e-12)[0] ** 2)
     ga, gb = jax.grad(loss(a))(f), jax.grad(loss(b))(f)
     np.testing.assert_allclose(ga, gb, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(gb))))
+
+
+def _convection_data(order, E, m, seed=1):
+    n = order + 1
+    qd = geometry.quadrature(order, "gauss", q=ck.convection_q(n))
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    c = jax.random.normal(k1, (m, E, n, n, n), jnp.float64)
+    u = jax.random.normal(k2, (3, E, n, n, n), jnp.float64)
+    q = qd.J.shape[0]
+    Brx = jax.random.normal(k3, (3, 3, E, q, q, q), jnp.float64)
+    return c, u, jnp.asarray(qd.J), jnp.asarray(qd.Dt), Brx
+
+
+def test_convection_bad_calls_are_clear_errors():
+    c, u, J, Dd, Brx = _convection_data(2, 3, 1)
+    with pytest.raises(ValueError, match=re.escape("J must be (5, 3)")):
+        ck.convection_cuda(c, u, J[:4], Dd, Brx)
+    with pytest.raises(ValueError, match=re.escape("u must be (3, 3, 3, 3, 3)")):
+        ck.convection_cuda(c, u[:2], J, Dd, Brx)
+    with pytest.raises(ValueError, match="c must be \\(m, E, n, n, n\\)"):
+        ck.convection_cuda(c[0], u, J, Dd, Brx)
+    if not ck.cuda_available():
+        with pytest.raises(ValueError, match="need a CUDA GPU"):
+            ck.convection_cuda(c, u, J, Dd, Brx)
+
+
+@gpu
+@pytest.mark.parametrize("order,m", [(1, 1), (2, 3), (4, 1), (5, 3), (7, 3), (7, 1), (9, 2)])
+def test_convection_equal_to_einsum(order, m):
+    """The fused convection kernel equals its einsum form (random fields and factors, E ragged for
+    every elements-per-block); its tangent and gradient are the einsum form's."""
+    from jaxsem.operators.convection import advection_local
+
+    c, u, J, Dd, Brx = _convection_data(order, 37, m)
+    ref = advection_local(c, u, J, Dd, Brx)
+    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+    assert rel(ck.convection_cuda(c, u, J, Dd, Brx), ref) < 1e-13
+    assert rel(jax.jit(ck.convection_cuda)(c, u, J, Dd, Brx), ref) < 1e-13
+    _, t = jax.jvp(lambda c, u: ck.convection_cuda(c, u, J, Dd, Brx), (c, u), (u[:m], c[:1].repeat(3, 0)))
+    _, t_ref = jax.jvp(lambda c, u: advection_local(c, u, J, Dd, Brx), (c, u), (u[:m], c[:1].repeat(3, 0)))
+    assert rel(t, t_ref) < 1e-13
+    g = jax.grad(lambda u, B: jnp.sum(ck.convection_cuda(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
+    g_ref = jax.grad(lambda u, B: jnp.sum(advection_local(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
+    assert all(rel(a, b) < 1e-12 for a, b in zip(g, g_ref))

@@ -12,7 +12,8 @@ it is:
   (:mod:`._maxwell_ref`, :mod:`._advection_ref`).
 * :class:`CudaBackend` (``"cuda"``): hand-written CUDA kernels through the XLA FFI
   (:mod:`jaxsem.backends.cuda`), compiled for the GPU on first use; one launch per operator
-  application, the single-device gather–scatter as one gather kernel, and each DG
+  application, the single-device gather–scatter as one gather kernel, the Navier–Stokes
+  convective term on the 3/2 rule as one kernel, and each DG
   right-hand side as one fused kernel (:mod:`._fused_dg`: Maxwell wherever its chain-rule
   curl is the operator asked for — the chain form, and the default split form on affine
   meshes). Tangents are the einsum reference's or the fused rules' transposes; an FFI call
@@ -39,6 +40,7 @@ from . import _advection_ref as adv_ref
 from . import _maxwell_ref as mx_ref
 from . import cuda
 from ._fused_dg import FusedDG
+from ..operators.convection import advection_local
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 
@@ -86,6 +88,12 @@ class Backend:
         """BK3/BK4 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness(Q x)`` on Gauss points
         (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`)."""
         return stiffness_assembled(x, idx, J, Dt, G, h)
+
+    def convection(self, c, u, J, Dd, Brx):
+        """The element-local weak (u·∇)c on a quadrature rule, not assembled:
+        :func:`jaxsem.operators.convection.advection_local` (``c: (m, E, n, n, n)``,
+        ``u: (3, E, n, n, n)``, ``J, Dd: (q, n)``, ``Brx: (3, 3, E, q, q, q)``)."""
+        return advection_local(c, u, J, Dd, Brx)
 
     def maxwell_curls(self, dg, q, form):
         """``(∇×E, ∇×H)`` of ``q: (6, E, n, n, n)`` in the volume form ``"split"`` or ``"chain"``
@@ -160,6 +168,14 @@ class CudaBackend(FusedDG, Backend):
 
     def stiffness_assembled(self, x, idx, J, Dt, G, h=None):
         return cuda.stiffness_assembled_cuda(x, idx, J, Dt, G, h)
+
+    def convection(self, c, u, J, Dd, Brx):
+        """:func:`jaxsem.backends.cuda.convection_cuda` on the 3/2 rule; another rule (the GLL
+        points, no dealiasing) is the einsum form's."""
+        n = c.shape[-1]
+        if tuple(J.shape) != (cuda.convection_q(n), n):
+            return super().convection(c, u, J, Dd, Brx)
+        return cuda.convection_cuda(c, u, J, Dd, Brx)
 
     def maxwell_kernel(self, dg, mat, q, flux, bc):
         """:func:`jaxsem.backends.cuda.maxwell_rhs_cuda` (no derivative rule of its own)."""

@@ -59,8 +59,9 @@ __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "libraries",
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
 # BK5/BK6 (GLL, collocated), the same on assembled vectors, the DG Maxwell and advection
-# right-hand sides, BK1/BK2, BK3/BK4 (Gauss, q = n + 1) and the same on assembled vectors
-OPS = ("bk5", "bk5a", "maxwell", "advection", "mass", "stiffness", "stiffnessa")
+# right-hand sides, the Navier–Stokes convective term on the 3/2 rule, BK1/BK2, BK3/BK4
+# (Gauss, q = n + 1) and the same on assembled vectors
+OPS = ("bk5", "bk5a", "maxwell", "advection", "conv", "mass", "stiffness", "stiffnessa")
 # Libraries of derivative kernels that run their operator's variant (TUNING has no row for them):
 # maxwellm, the Maxwell right-hand side's material adjoint (maxwell_material_vjp_cuda).
 DERIVATIVE_OPS = ("maxwellm",)
@@ -84,7 +85,7 @@ DERIVATIVE_OPS = ("maxwellm",)
 # bk5a (assembled storage) has element variants of bk5 (those the table selects), gathering its
 # input through the node map and adding its output into the global vector with atomics;
 # stiffnessa (BK3/BK4 on assembled vectors) likewise has stiffness's variants by lines.
-VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2,), "advection": (2,),
+VARIANTS = {"bk5": (1, 2, 4, 5, 6, 7, 8, 10), "bk5a": (2, 5, 6, 7), "maxwell": (2,), "advection": (2,), "conv": (2,),
             "mass": (8, 9, 10), "stiffness": (2, 3, 8, 9, 11), "stiffnessa": (8, 9, 11)}
 
 # Bit of the FFI attribute "variant": at block start one thread per geometric factor and per

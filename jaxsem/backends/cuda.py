@@ -10,7 +10,8 @@ Same contracts as the einsum references:
 * :func:`gs_csr_cuda` — the gather–scatter QQᵀ as one gather (layout ``"csr"`` of
   :mod:`jaxsem.discretization.gather_scatter`)
 
-and the fused DG right-hand sides :func:`maxwell_rhs_cuda` (with its material adjoint
+the dealiased Navier–Stokes convective term :func:`convection_cuda` —
+:func:`~jaxsem.operators.convection.advection_local` — and the fused DG right-hand sides :func:`maxwell_rhs_cuda` (with its material adjoint
 :func:`maxwell_material_vjp_cuda`) and :func:`advection_rhs_cuda`, whose derivative rules
 are the backend's (:mod:`jaxsem.backends._fused_dg`).
 
@@ -33,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..operators.convection import advection_local
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 from ._cuda_build import (DEFAULT, DERIVATIVE_OPS, MAX_N, OPS, PREFETCH_L2, SOURCE, TUNING, VARIANTS, _attr,
@@ -41,7 +43,7 @@ from ._cuda_build import _cached  # noqa: F401  (the cache's path, read by tests
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
-           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "maxwell_material_vjp_cuda", "libraries",
+           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "convection_cuda", "convection_q", "maxwell_material_vjp_cuda", "libraries",
            "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 
@@ -184,6 +186,66 @@ def stiffness_assembled_cuda(x, idx, J, Dt, G, h1=None):
     if h1 is not None:
         G = G * h1
     return _apply_stiffness_assembled(x, idx, J.astype(x.dtype), Dt.astype(x.dtype), G.astype(x.dtype), attr)
+
+
+def convection_q(n: int) -> int:
+    """The rule size of :func:`convection_cuda` for ``n`` GLL points a direction: the 3/2 rule, ⌈3n/2⌉."""
+    return (3 * n + 1) // 2
+
+
+def _symbolic(a) -> bool:
+    return isinstance(a, jax.custom_derivatives.SymbolicZero)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _convection(c, u, J, Dd, Brx, attr):
+    call = jax.ffi.ffi_call(_ffi_target("conv", c.dtype, c.shape[-1]), jax.ShapeDtypeStruct(c.shape, c.dtype),
+                            vmap_method="sequential")
+    return call(c, u, J, Dd, Brx, variant=np.int32(attr))
+
+
+def _convection_jvp(attr, primals, tangents):  # tangent: the einsum reference's, in the live arguments only
+    live = [i for i, t in enumerate(tangents) if not _symbolic(t)]
+
+    def ref(*xs):
+        args = list(primals)
+        for i, x in zip(live, xs):
+            args[i] = x
+        return advection_local(*args)
+
+    out = _convection(*primals, attr)
+    if not live:
+        return out, jnp.zeros_like(out)
+    _, dw = jax.jvp(ref, [primals[i] for i in live], [tangents[i] for i in live])
+    return out, dw
+
+
+_convection.defjvp(_convection_jvp, symbolic_zeros=True)
+
+
+def convection_cuda(c, u, J, Dd, Brx):
+    """The element-local weak (u·∇)c on the 3/2 rule in one launch (same result as
+    :func:`~jaxsem.operators.convection.advection_local`, whose tangent is its derivative rule).
+
+    ``c: (m, E, n, n, n)`` the carried fields, ``u: (3, E, n, n, n)`` the carrier, float32 or
+    float64 with 2 ≤ n ≤ 16; ``J, Dd: (q, n)`` with q = :func:`convection_q` ``(n)``;
+    ``Brx: (3, 3, E, q, q, q)``. Returns ``(m, E, n, n, n)``. The rule's fields stay on chip:
+    c, u and Brx are read once, the result written once.
+    """
+    n = c.shape[-1]
+    if c.ndim != 5 or c.dtype not in (jnp.float32, jnp.float64) or c.shape[2:] != (n, n, n) or not 2 <= n <= MAX_N:
+        raise ValueError(f"convection_cuda: c must be (m, E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
+                         f"got {c.shape} {c.dtype}")
+    E, q = c.shape[1], convection_q(n)
+    shapes = dict(u=(3, E, n, n, n), J=(q, n), Dd=(q, n), Brx=(3, 3, E, q, q, q))
+    for name, a in zip(shapes, (u, J, Dd, Brx)):
+        if tuple(a.shape) != shapes[name]:
+            raise ValueError(f"convection_cuda: {name} must be {shapes[name]} for c {c.shape}, got {tuple(a.shape)}")
+    if not cuda_available():
+        raise ValueError("convection_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+    attr = _attr("conv", c)
+    return _convection(c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), attr)
 
 
 def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):

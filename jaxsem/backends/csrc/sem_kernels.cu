@@ -145,6 +145,8 @@ __host__ __device__ constexpr int ops_words(int n) {
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
+#elif defined(JAXSEM_OP_CONV)
+  return 2 * ((3 * n + 1) / 2) * n;  // J then Dd, each q × n on the 3/2 rule q = ceil(3n/2)
 #else
   return (n + 1) * n + (n + 1) * (n + 1);
 #endif
@@ -1183,6 +1185,133 @@ void allow_smem(K kernel, size_t bytes) {
 template <int V>
 using Int = std::integral_constant<int, V>;
 
+#if defined(JAXSEM_OP_CONV)
+// ================================================================ dealiased convection
+// The element-local part of the Navier–Stokes convective term on the 3/2 rule (q = ceil(3n/2)):
+//   w_m = Jᵀ⊗Jᵀ⊗Jᵀ [ Σ_a v_a ⊙ (∂_a c_m)_q ],   v_a = Σ_d Brx[a][d] ⊙ (J⊗J⊗J u_d),
+// (∂_r c)_q = (J⊗J⊗Dd) c, (∂_s c)_q = (J⊗Dd⊗J) c, (∂_t c)_q = (Dd⊗J⊗J) c; u (3, E, n³) the
+// carrier, c and w (M, E, n³) the carried fields, Brx (3, 3, E, q³) B·∂r_a/∂x_d on the rule.
+// Every transform runs by lines (lines_forward's phases, one matrix per direction; J and Dd in
+// constant memory); thread t = a + Q·b keeps the column (·, b, a) of v_0..2 and of the sum in
+// registers, so the rule's fields never leave the chip: u and c are read once, Brx once, w written
+// once. The einsum form is jaxsem.operators.convection.advection_local.
+
+// One transform by lines of the element staged in U (N² rows of RN words): rx[k] at (k, b, a) of
+// (M3⊗M2⊗M1) u with M1 along i (r), M2 along j (s), M3 along k (t), each at its constant-memory
+// offset. A, S as lines_forward's; barriers inside (the first one also publishes U).
+template <int N, int Q, int O1, int O2, int O3>
+__device__ __forceinline__ void conv_forward(const JAXSEM_REAL* U, int t, JAXSEM_REAL* A, JAXSEM_REAL* S,
+                                             JAXSEM_REAL (&rx)[Q]) {
+  using T = JAXSEM_REAL;
+  constexpr int RN = odd_len(N);
+  __syncthreads();  // U staged; earlier readers of A and S are done
+  if (t < N * N) {  // phase 1: thread (j, k) = (t % N, t / N) contracts i
+    const int j = t % N, k = t / N;
+    T in[N], out[Q];
+#pragma unroll
+    for (int i = 0; i < N; ++i) in[i] = U[t * RN + i];
+    cmul<Q, N, O1>(in, out);
+#pragma unroll
+    for (int a = 0; a < Q; ++a) S[(k * Q + a) * RN + j] = out[a];
+  }
+  __syncthreads();
+  if (t < Q * N) {  // phase 2: thread (a, k) = (t % Q, t / Q) contracts j
+    const int a = t % Q, k = t / Q;
+    T in[N], out[Q];
+#pragma unroll
+    for (int j = 0; j < N; ++j) in[j] = S[(k * Q + a) * RN + j];
+    cmul<Q, N, O2>(in, out);
+#pragma unroll
+    for (int b = 0; b < Q; ++b) A[(b * Q + a) * RN + k] = out[b];
+  }
+  __syncthreads();
+  T in[N];  // phase 3: thread (a, b) = (t % Q, t / Q) contracts k
+#pragma unroll
+  for (int k = 0; k < N; ++k) in[k] = A[t * RN + k];
+  cmul<Q, N, O3>(in, rx);
+}
+
+template <int N>
+__host__ __device__ constexpr int conv_q() {
+  return (3 * N + 1) / 2;
+}
+
+template <int N>
+__host__ __device__ constexpr int conv_words() {  // U, A, S of one element
+  return N * N * odd_len(N) + lines_a_words<N, conv_q<N>()>() + lines_b_words<N, conv_q<N>()>();
+}
+
+template <int N>
+__global__ void __launch_bounds__(conv_q<N>() * conv_q<N>() * elements_per_block<conv_q<N>()>())
+conv_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ c, const JAXSEM_REAL* __restrict__ u,
+            const JAXSEM_REAL* __restrict__ Brx, JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>(), RN = odd_len(N);
+  constexpr int n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  constexpr int OJ = ops_offset(N), OD = ops_offset(N) + Q * N;
+  const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
+  T* U = reinterpret_cast<T*>(jaxsem_smem) + z * conv_words<N>();
+  T* A = U + N * N * RN;
+  T* S = A + lines_a_words<N, Q>();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  auto stage = [&](const T* __restrict__ src) {  // one field of the element into U (rows padded)
+    for (int x = t; x < n3; x += q2) U[(x / N) * RN + x % N] = active ? src[ee * n3 + x] : T(0);
+  };
+  T v[3][Q];
+#pragma unroll
+  for (int a = 0; a < 3; ++a)
+#pragma unroll
+    for (int k = 0; k < Q; ++k) v[a][k] = 0;
+  for (int d = 0; d < 3; ++d) {  // the carrier on the rule, times B·∂r_a/∂x_d
+    T x[Q];
+    stage(u + d * E * n3);
+    conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const T* g = Brx + ((a * 3 + d) * E + ee) * int64_t(q3) + t;
+#pragma unroll
+      for (int k = 0; k < Q; ++k) v[a][k] += (active ? g[k * q2] : T(0)) * x[k];
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    T acc[Q], x[Q];
+    stage(c + int64_t(m) * E * n3);
+    conv_forward<N, Q, OD, OJ, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) acc[k] = v[0][k] * x[k];
+    conv_forward<N, Q, OJ, OD, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) acc[k] += v[1][k] * x[k];
+    conv_forward<N, Q, OJ, OJ, OD>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) acc[k] += v[2][k] * x[k];
+    lines_back<N, Q>(w + (int64_t(m) * E + ee) * n3, active, t, A, S, acc);
+  }
+}
+
+template <int N, typename T>
+bool launch_conv(cudaStream_t st, int variant, int64_t E, int M, const T* c, const T* u, const T* J, const T* Dd,
+                 const T* Brx, T* w) {
+  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>();
+  switch (variant) {
+    case 2: {  // the one kernel: one element per Q × Q thread layer, transforms by lines
+      copy_ops(J, Q * N, ops_offset(N), st);
+      copy_ops(Dd, Q * N, ops_offset(N) + Q * N, st);
+      dim3 block(Q, Q, EB), grid(unsigned((E + EB - 1) / EB));
+      const size_t smem = sizeof(T) * EB * conv_words<N>();
+      auto kernel = conv_kernel<N>;
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, st>>>(E, M, c, u, Brx, w);
+      return true;
+    }
+    default: return false;
+  }
+}
+#endif
+
+
 // Each launch_* runs one variant of its operator at order N (cuda.VARIANTS lists them; the
 // `case` labels below are the variants that exist) and returns false for any other number.
 // MINB is __launch_bounds__' minimum of resident blocks (0: ptxas' own register choice), OPT the
@@ -1570,6 +1699,28 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, int32_t upwind, int32_t
 #define JAXSEM_ARGS                                                                                     \
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
       .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_CONV)
+// c, w: (M, E, n, n, n) the carried fields; u: (3, E, n, n, n) the carrier; J, Dd: (q, n) with
+// q = ceil(3n/2); Brx: (3, 3, E, q, q, q).
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer c, ffi::AnyBuffer u, ffi::AnyBuffer J,
+                       ffi::AnyBuffer Dd, ffi::AnyBuffer Brx, ffi::Result<ffi::AnyBuffer> w) {
+  Shape s;
+  if (auto err = check(c, s); err.failure()) return err;
+  constexpr int64_t Q = conv_q<JAXSEM_N>();
+  const int64_t n3 = int64_t(s.n) * s.n * s.n;
+  if (u.element_type() != c.element_type() || u.element_count() != size_t(3 * s.E * n3))
+    return ffi::Error::InvalidArgument("jaxsem conv: u must be (3, E, n, n, n) like c");
+  if (J.element_count() != size_t(Q * s.n) || Dd.element_count() != size_t(Q * s.n))
+    return ffi::Error::InvalidArgument("jaxsem conv: J and Dd must be (ceil(3n/2), n)");
+  if (Brx.element_count() != size_t(9 * s.E * Q * Q * Q))
+    return ffi::Error::InvalidArgument("jaxsem conv: Brx must be (3, 3, E, q, q, q)");
+  if (s.E == 0 || s.C == 0) return ffi::Error::Success();
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  return finish(launch_conv<JAXSEM_N, T>(st, variant & ~PREFETCH_L2, s.E, int(s.C), P(c), P(u), P(J), P(Dd), P(Brx),
+                                         static_cast<T*>(w->untyped_data())));
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MASS)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1648,7 +1799,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _CONV, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
 #endif
 
 }  // namespace
@@ -1661,7 +1812,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|MASS|STIFFNESS|STIFFNESSA|GS
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|CONV|MASS|STIFFNESS|STIFFNESSA|GS
 // -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()

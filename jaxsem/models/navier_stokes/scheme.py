@@ -20,7 +20,7 @@ from ...discretization.shard import replicated
 from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
 from ...mesh.box import Mesh
 from ...mesh.numbering import number_nodes
-from ...operators.tensor import grad_gll, grad_gll_t, interp, interp_t
+from ...operators.tensor import grad_gll, grad_gll_t, interp
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
 from ...solvers.timestepping import Checkpointing, checkpointed_scan
@@ -123,6 +123,8 @@ class NavierStokes:
       binv: ``(E, n, n, n)`` inverse assembled GLL mass (0 on pads).
       Jd: ``(q, n)`` GLL → Gauss interpolation of the dealiasing rule (``(n, n)`` identity
         without dealiasing).
+      Dd: ``(q, n)`` the derivative of the GLL interpolant at the rule's points (the GLL
+        derivative matrix without dealiasing).
       Brx: ``(3, 3, E, q, q, q)`` B·∂r_a/∂x_d on the dealiasing rule.
       bc: the boundary :class:`~jaxsem.models.navier_stokes.boundary.Conditions`.
       force_weight: ``(F, E, n, n, n)`` 1 on the nodes of each boundary group whose force
@@ -144,6 +146,7 @@ class NavierStokes:
     dt: jax.Array
     binv: jax.Array = dataclasses.field(metadata=dict(pad=0))
     Jd: jax.Array
+    Dd: jax.Array
     Brx: jax.Array = dataclasses.field(metadata=dict(pad=0))
     bc: Conditions
     force_weight: jax.Array
@@ -348,7 +351,8 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
                                      reference=jnp.asarray(float(buoyancy.reference), sem.x.dtype),
                                      index=[c.name for c in scalars].index(buoyancy.scalar))
     return NavierStokes(sem=sem, pressure=pressure, nu=jnp.asarray(float(nu), sem.x.dtype),
-                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Brx=Brx, bc=bc, force_weight=fw,
+                        dt=jnp.asarray(float(dt), sem.x.dtype), binv=binv, Jd=Jd, Dd=Dd, Brx=Brx, bc=bc,
+                        force_weight=fw,
                         probes=located,
                         options=options, force_groups=forces, volume=volume, scalars=fields, buoyancy=lift,
                         drive=driving.resolve(sem, drive))
@@ -380,7 +384,7 @@ def with_coordinates(ns: NavierStokes, x) -> NavierStokes:
     fields = tuple(dataclasses.replace(f, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in f.surfaces))
                    for f in ns.scalars)
     return dataclasses.replace(ns, sem=sem, pressure=dataclasses.replace(ns.pressure, sem=psem), binv=binv,
-                               Brx=Brx, bc=bc, scalars=fields)
+                               Jd=Jd, Dd=Dd, Brx=Brx, bc=bc, scalars=fields)
 
 
 def _fields(s: SEM, Jd, Dd, wd):
@@ -432,13 +436,9 @@ def _explicit(ns: NavierStokes, s: SEM, u):
 
 def _advection(ns: NavierStokes, s: SEM, u, c):
     """−(u·∇)c nodal for fields ``c: (m, E, n, n, n)`` carried by ``u: (3, E, n, n, n)`` (weak on
-    the dealiasing rule, assembled, times B⁻¹): ``(m, E, n, n, n)``."""
-    J = ns.Jd
-    ur, us, ut = grad_gll(c, s.D)
-    uq = interp(u, J)
-    c = [ns.Brx[a, 0] * uq[0] + ns.Brx[a, 1] * uq[1] + ns.Brx[a, 2] * uq[2] for a in range(3)]
-    w = c[0] * interp(ur, J) + c[1] * interp(us, J) + c[2] * interp(ut, J)
-    return -ns.binv * s.dssum(interp_t(w, J))
+    the dealiasing rule — the backend's :meth:`~jaxsem.backends.Backend.convection` —, assembled,
+    times B⁻¹): ``(m, E, n, n, n)``."""
+    return -ns.binv * s.dssum(s.backend.convection(c, u, ns.Jd, ns.Dd, ns.Brx))
 
 
 def _weak_grad_t(s: SEM, R):
