@@ -416,13 +416,14 @@ def linear_solve(
         return run(project(rhs), x0)
 
     safe = jnp.where(weight != 0, weight, 1)
-    y0 = None
+    g = None
     if adjoint_guess is not None:
         g = lax.stop_gradient(adjoint_guess)
-        y0 = project(jnp.where(weight != 0, g / safe, 0))  # the iterate whose image weight·y is the guess
         b = b + (adjoint_guess - g)  # b's value; its tangent (and so the cotangent Sᵀc) shared with the guess
 
     def transpose_solve(_, ct):
+        # the iterate whose image weight·y is the guess, projected only where a solve is transposed
+        y0 = None if g is None else project(jnp.where(weight != 0, g / safe, 0))
         y, info = run(project(ct / safe), y0)
         check_adjoint(info, tol)
         return weight * y, info
