@@ -33,7 +33,7 @@
 # One GPU, the flows and gradients still open (docs/flows.md, docs/gradients.md, docs/mosaic.md):
 #   channel    the Re_tau = 180 channel, 8^3 elements of order 7, averaged over t = 60..200 (the CLI's
 #              defaults; 9 minutes on an H200)
-#   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:16), FD along nu
+#   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:14), FD along nu
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
 #   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
 #              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
@@ -152,9 +152,9 @@ has tgvlong && timed tgvlong tgv32 3600 "$PY -m experiments.tgv_long --order 7 -
 has channel && timed channel re180 590 "$PY -m jaxsem solve channel --order 7 --elements 8 8 8 --t-final 200 \
   --average-from 60 --out $OUT/chan --json > $OUT/channel.json"
 has nsgrad && timed nsgrad 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
-  --schedule binomial:16 --skip check --fd 1 --out $OUT/ns_gradient_size_18p7.json"
+  --schedule binomial:14 --skip check --fd 1 --out $OUT/ns_gradient_size_18p7.json"
 has nsgradfd && timed nsgradfd 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
-  --schedule binomial:16 --skip check gradient --fd 3 --ad-from ${AD_FROM:-experiments/results/ns_gradient_size_18p7_h200.json} \
+  --schedule binomial:14 --skip check gradient --fd 3 --ad-from ${AD_FROM:-experiments/results/ns_gradient_size_18p7_b14_h200.json} \
   --out $OUT/ns_gradient_fd_18p7.json"
 for tols in "1e-8 1e-10" "1e-4 1e-6"; do
   read -r ptol vtol <<< "$tols"

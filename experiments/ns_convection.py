@@ -13,7 +13,9 @@ B·∂r/∂x, project back; no gather–scatter) in several formulations on a Ta
   meshes: every element affine), so the (3, 3, E, q, q, q) field is not read;
 * ``backend``: what the model runs, the discretization's backend (on a GPU the CUDA backend's fused
   kernel, :func:`jaxsem.backends.cuda.convection_cuda`);
-* ``backend_with_dssum``: the model's whole term (gather–scatter and B⁻¹ included).
+* ``backend_with_dssum``: the model's whole term (gather–scatter and B⁻¹ included);
+* ``vjp_einsum``, ``vjp_backend``: value and VJP of u ↦ (u·∇)u (the reverse pass), einsum form
+  and the backend's (on a GPU the transposed kernel, :func:`jaxsem.backends.cuda.convection_vjp_cuda`).
 
 Each row: milliseconds (best of repeats, jitted), the largest difference from ``previous`` relative to
 its largest value, points. ::
@@ -117,6 +119,7 @@ def main(argv=None):
         G = ns.Brx[:, :, :, 0, 0, 0] / wq[0, 0, 0]
         ref = jax.jit(previous)(u, ns.Brx, J, D, Dd)
         scale = float(jnp.max(jnp.abs(ref)))
+        vjp_ref = jax.jit(lambda u: jax.vjp(lambda u: previous(u, ns.Brx, J, D, Dd), u)[1](u)[0])(u)
         backend = lambda u, Brx, J, Dd: s.backend.convection(u, u, J, Dd, Brx)
         variants = dict(previous=(previous, (u, ns.Brx, J, D, Dd)), shared=(shared, (u, ns.Brx, J, D, Dd)),
                         rotate=(rotate, (u, ns.Brx, J, D, Dd)), affine=(affine, (u, G, J, D, Dd, wq)),
@@ -127,6 +130,15 @@ def main(argv=None):
             ms = 1e3 * _time(f, *args, repeats=a.repeats)
             r = dict(variant=name, backend=s.backend.name, elements=K, order=order, q=q, points=K**3 * order**3, ms=ms,
                      relative_difference=diff)
+            rows.append(r)
+            print(r, flush=True)
+        # the reverse pass: value and VJP in (u) of the term u·∇u, einsum form against the backend's
+        for name, fn in (("vjp_einsum", lambda u: js.backends.EINSUM.convection(u, u, J, ns.Dd, ns.Brx)),
+                         ("vjp_backend", lambda u: s.backend.convection(u, u, J, ns.Dd, ns.Brx))):
+            f = jax.jit(lambda u, fn=fn: jax.vjp(fn, u)[1](u)[0])
+            r = dict(variant=name, backend=s.backend.name, elements=K, order=order, q=q, points=K**3 * order**3,
+                     ms=1e3 * _time(f, u, repeats=a.repeats),
+                     relative_difference=float(jnp.max(jnp.abs(f(u) - vjp_ref)) / jnp.max(jnp.abs(vjp_ref))))
             rows.append(r)
             print(r, flush=True)
         full = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))

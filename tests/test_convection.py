@@ -70,3 +70,55 @@ def test_advection_of_a_linear_field_is_exact():
     w = advection_local(jnp.asarray(c), jnp.asarray(u), J, Dd, jnp.asarray(Brx))[0, 0]
     f = interp(jnp.asarray(2 * u[0, 0] - u[1, 0] + 3 * u[2, 0]), J)
     np.testing.assert_allclose(np.asarray(w), np.asarray(interp_t(jnp.asarray(w3) * f, J)), rtol=1e-12, atol=1e-13)
+
+
+def _case(order=3, E=4, m=3, seed=5):
+    J, Dd, _ = _rule(order)
+    n, q = order + 1, J.shape[0]
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    c = jax.random.normal(k[0], (m, E, n, n, n))
+    u = jax.random.normal(k[1], (3, E, n, n, n))
+    Brx = jax.random.normal(k[2], (3, 3, E, q, q, q))
+    return c, u, J, Dd, Brx, k[3]
+
+
+def _emulated(monkeypatch):
+    """convection_cuda's derivative rules with the kernels' values from the einsum form (any platform)."""
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "_conv_kernel", lambda c, u, J, Dd, Brx, attr: advection_local(c, u, J, Dd, Brx))
+    monkeypatch.setattr(cuda, "_convt_kernel",
+                        lambda g, c, u, J, Dd, Brx, attr: cuda.convection_vjp_reference(g, c, u, J, Dd, Brx))
+
+
+def test_convection_kernel_derivative_rules(monkeypatch):
+    """The fused convection's tangent (two kernel launches, the linear primitive) and its transpose
+    (the convt kernel) give the einsum form's JVP and VJP: in c and u apart, with c = u (the
+    Navier–Stokes term), in Brx (shape derivatives), under jit and vmap."""
+    _emulated(monkeypatch)
+    c, u, J, Dd, Brx, key = _case()
+    ref = lambda c, u, B: advection_local(c, u, J, Dd, B)
+    fused = lambda c, u, B: cuda.convection_cuda(c, u, J, Dd, B)
+    k = jax.random.split(key, 4)
+    dc, du, dB = (jax.random.normal(kk, a.shape) for kk, a in zip(k, (c, u, Brx)))
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    primals, tangents = (c, u, Brx), (dc, du, dB)
+    for live in [(0,), (1,), (0, 1), (2,), (0, 1, 2)]:  # the others symbolically zero
+        def only(f):
+            def g(*xs):
+                args = list(primals)
+                for i, x in zip(live, xs):
+                    args[i] = x
+                return f(*args)
+            return g
+        p, t = tuple(primals[i] for i in live), tuple(tangents[i] for i in live)
+        close(jax.jvp(only(fused), p, t)[1], jax.jvp(only(ref), p, t)[1])
+    loss = lambda f: lambda c, u, B: jnp.sum(jnp.sin(f(c, u, B)))
+    for a, b in zip(jax.jit(jax.grad(loss(fused), (0, 1, 2)))(c, u, Brx), jax.grad(loss(ref), (0, 1, 2))(c, u, Brx)):
+        close(a, b)
+    self_loss = lambda f: lambda u: jnp.sum(f(u, u, Brx) ** 2)  # c = u: both cotangents summed
+    close(jax.grad(self_loss(fused))(u), jax.grad(self_loss(ref))(u))
+    # second derivatives (forward over reverse) fall back to the einsum form's
+    hvp = lambda f: jax.jvp(jax.grad(self_loss(f)), (u,), (du,))[1]
+    close(hvp(fused), hvp(ref))
+    batched = jax.vmap(lambda c: jax.vjp(lambda c: fused(c, u, Brx), c)[1](c)[0])(jnp.stack([c, 2 * c]))
+    close(batched[1], 2 * batched[0])

@@ -555,8 +555,8 @@ def test_convection_bad_calls_are_clear_errors():
 @gpu
 @pytest.mark.parametrize("order,m", [(1, 1), (2, 3), (4, 1), (5, 3), (7, 3), (7, 1), (9, 2)])
 def test_convection_equal_to_einsum(order, m):
-    """The fused convection kernel equals its einsum form (random fields and factors, E ragged for
-    every elements-per-block); its tangent and gradient are the einsum form's."""
+    """The fused convection kernel and its transpose (convt) equal their einsum forms (random fields
+    and factors, E ragged for every elements-per-block); tangent and gradient are the einsum form's."""
     from jaxsem.operators.convection import advection_local
 
     c, u, J, Dd, Brx = _convection_data(order, 37, m)
@@ -567,6 +567,9 @@ def test_convection_equal_to_einsum(order, m):
     _, t = jax.jvp(lambda c, u: ck.convection_cuda(c, u, J, Dd, Brx), (c, u), (u[:m], c[:1].repeat(3, 0)))
     _, t_ref = jax.jvp(lambda c, u: advection_local(c, u, J, Dd, Brx), (c, u), (u[:m], c[:1].repeat(3, 0)))
     assert rel(t, t_ref) < 1e-13
+    cbar, ubar = ck.convection_vjp_cuda(ref, c, u, J, Dd, Brx)
+    cbar_ref, ubar_ref = ck.convection_vjp_reference(ref, c, u, J, Dd, Brx)
+    assert rel(cbar, cbar_ref) < 1e-13 and rel(ubar, ubar_ref) < 1e-13
     g = jax.grad(lambda u, B: jnp.sum(ck.convection_cuda(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
     g_ref = jax.grad(lambda u, B: jnp.sum(advection_local(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
     assert all(rel(a, b) < 1e-12 for a, b in zip(g, g_ref))

@@ -63,8 +63,9 @@ MAX_N = 16
 # (Gauss, q = n + 1) and the same on assembled vectors
 OPS = ("bk5", "bk5a", "maxwell", "advection", "conv", "mass", "stiffness", "stiffnessa")
 # Libraries of derivative kernels that run their operator's variant (TUNING has no row for them):
-# maxwellm, the Maxwell right-hand side's material adjoint (maxwell_material_vjp_cuda).
-DERIVATIVE_OPS = ("maxwellm",)
+# maxwellm, the Maxwell right-hand side's material adjoint (maxwell_material_vjp_cuda); convt, the
+# transpose of the convective term's linearization (convection_vjp_cuda).
+DERIVATIVE_OPS = ("maxwellm", "convt")
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness; launch_maxwell and launch_advection, the DG right-hand sides,

@@ -31,8 +31,10 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
 from ..operators.convection import advection_local
 from ..operators.mass import mass
@@ -43,7 +45,8 @@ from ._cuda_build import _cached  # noqa: F401  (the cache's path, read by tests
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
-           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "convection_cuda", "convection_q", "maxwell_material_vjp_cuda", "libraries",
+           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "convection_cuda", "convection_vjp_cuda",
+           "convection_vjp_reference", "convection_q", "maxwell_material_vjp_cuda", "libraries",
            "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 
@@ -197,55 +200,154 @@ def _symbolic(a) -> bool:
     return isinstance(a, jax.custom_derivatives.SymbolicZero)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
-def _convection(c, u, J, Dd, Brx, attr):
+def _conv_kernel(c, u, J, Dd, Brx, attr):
     call = jax.ffi.ffi_call(_ffi_target("conv", c.dtype, c.shape[-1]), jax.ShapeDtypeStruct(c.shape, c.dtype),
                             vmap_method="sequential")
     return call(c, u, J, Dd, Brx, variant=np.int32(attr))
 
 
-def _convection_jvp(attr, primals, tangents):  # tangent: the einsum reference's, in the live arguments only
-    live = [i for i, t in enumerate(tangents) if not _symbolic(t)]
+def _convt_kernel(g, c, u, J, Dd, Brx, attr):
+    out = (jax.ShapeDtypeStruct(c.shape, c.dtype), jax.ShapeDtypeStruct(u.shape, u.dtype))
+    call = jax.ffi.ffi_call(_ffi_target("convt", c.dtype, c.shape[-1]), out, vmap_method="sequential")
+    return call(g, c, u, J, Dd, Brx, variant=np.int32(attr))
 
-    def ref(*xs):
-        args = list(primals)
-        for i, x in zip(live, xs):
-            args[i] = x
-        return advection_local(*args)
 
+def convection_vjp_reference(g, c, u, J, Dd, Brx):
+    """``(c̄, ū)``: the cotangents of ``c`` and ``u`` for a cotangent ``g`` of
+    :func:`~jaxsem.operators.convection.advection_local` (its einsum VJP; what the kernel of
+    :func:`convection_vjp_cuda` computes)."""
+    return jax.vjp(lambda c, u: advection_local(c, u, J, Dd, Brx), c, u)[1](g)
+
+
+def convection_vjp_cuda(g, c, u, J, Dd, Brx):
+    """The convective term's VJP in ``(c, u)`` in one launch: for a cotangent ``g: (m, E, n, n, n)``
+    of :func:`convection_cuda` ``(c, u, J, Dd, Brx)``, ``(c̄, ū)`` shaped like ``c`` and ``u``
+    (equal to :func:`convection_vjp_reference`). The rule's fields stay on chip."""
+    _convection_checks("convection_vjp_cuda", c, u, J, Dd, Brx)
+    if g.shape != c.shape:
+        raise ValueError(f"convection_vjp_cuda: g must be shaped like c {c.shape}, got {g.shape}")
+    return _convt_kernel(g.astype(c.dtype), c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), _attr("conv", c))
+
+
+# The tangent of the convective term in (c, u), A(dc, u) + A(c, du), as a linear primitive whose
+# transpose is the convt kernel (one launch for both cotangents); its operands (dc, du, c, u, J, Dd,
+# Brx), ``live``: which of dc, du are tangents (a missing one is zeros and skipped).
+_conv_lin_p = jax.extend.core.Primitive("jaxsem_convection_linear")
+
+
+def _conv_lin_impl(dc, du, c, u, J, Dd, Brx, *, live, attr):
+    out = None
+    if live[0]:
+        out = _conv_kernel(dc, u, J, Dd, Brx, attr)
+    if live[1]:
+        w = _conv_kernel(c, du, J, Dd, Brx, attr)
+        out = w if out is None else out + w
+    return out
+
+
+def _conv_lin_reference(dc, du, c, u, J, Dd, Brx, live):
+    out = 0
+    if live[0]:
+        out = out + advection_local(dc, u, J, Dd, Brx)
+    if live[1]:
+        out = out + advection_local(c, du, J, Dd, Brx)
+    return out
+
+
+def _conv_lin_transpose(ct, dc, du, c, u, J, Dd, Brx, *, live, attr):
+    if any(ad.is_undefined_primal(a) for a in (c, u, J, Dd, Brx)):
+        raise NotImplementedError("the convective term's tangent is linear in (dc, du) only")
+    rest = [None] * 5
+    lin = [ad.is_undefined_primal(dc) and live[0], ad.is_undefined_primal(du) and live[1]]
+    if type(ct) is ad.Zero:
+        return [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in (dc, du)] + rest
+    cbar, ubar = _convt_kernel(ct, c, u, J, Dd, Brx, attr)
+    return [cbar if lin[0] else None, ubar if lin[1] else None] + rest
+
+
+def _conv_lin_jvp(primals, tangents, *, live, attr):  # second derivatives: the einsum form's
+    out = _conv_lin_p.bind(*primals, live=live, attr=attr)
+    tangents = [jnp.zeros(p.shape, p.dtype) if type(t) is ad.Zero else t for t, p in zip(tangents, primals)]
+    _, dw = jax.jvp(lambda *a: _conv_lin_reference(*a, live), primals, tangents)
+    return out, dw
+
+
+def _conv_lin_batch(args, dims, *, live, attr):
+    moved = [None if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+
+    def one(xs):
+        it = iter(xs)
+        return _conv_lin_p.bind(*[a if m is None else next(it) for a, m in zip(args, moved)], live=live, attr=attr)
+
+    return jax.lax.map(one, [m for m in moved if m is not None]), 0
+
+
+_conv_lin_p.def_impl(_conv_lin_impl)
+_conv_lin_p.def_abstract_eval(lambda dc, du, c, *rest, **params: c)
+mlir.register_lowering(_conv_lin_p, mlir.lower_fun(_conv_lin_impl, False))
+ad.primitive_jvps[_conv_lin_p] = _conv_lin_jvp
+ad.primitive_transposes[_conv_lin_p] = _conv_lin_transpose
+batching.primitive_batchers[_conv_lin_p] = _conv_lin_batch
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _convection(c, u, J, Dd, Brx, attr):
+    return _conv_kernel(c, u, J, Dd, Brx, attr)
+
+
+def _convection_jvp(attr, primals, tangents):
+    """The tangent in (c, u): the linear primitive (kernels, its transpose the convt kernel); in
+    J, Dd, Brx (shape derivatives): the einsum form's."""
+    c, u, J, Dd, Brx = primals
     out = _convection(*primals, attr)
-    if not live:
-        return out, jnp.zeros_like(out)
-    _, dw = jax.jvp(ref, [primals[i] for i in live], [tangents[i] for i in live])
+    live = (not _symbolic(tangents[0]), not _symbolic(tangents[1]))
+    dw = jnp.zeros_like(out)
+    if any(live):
+        dc, du = (t if ok else jnp.zeros(p.shape, p.dtype) for t, ok, p in zip(tangents[:2], live, (c, u)))
+        dw = _conv_lin_p.bind(dc, du, c, u, J, Dd, Brx, live=live, attr=attr)
+    other = [i for i in (2, 3, 4) if not _symbolic(tangents[i])]
+    if other:
+        def ref(*xs):
+            args = list(primals)
+            for i, x in zip(other, xs):
+                args[i] = x
+            return advection_local(*args)
+
+        dw = dw + jax.jvp(ref, [primals[i] for i in other], [tangents[i] for i in other])[1]
     return out, dw
 
 
 _convection.defjvp(_convection_jvp, symbolic_zeros=True)
 
 
+def _convection_checks(name, c, u, J, Dd, Brx):
+    n = c.shape[-1]
+    if c.ndim != 5 or c.dtype not in (jnp.float32, jnp.float64) or c.shape[2:] != (n, n, n) or not 2 <= n <= MAX_N:
+        raise ValueError(f"{name}: c must be (m, E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
+                         f"got {c.shape} {c.dtype}")
+    E, q = c.shape[1], convection_q(n)
+    shapes = dict(u=(3, E, n, n, n), J=(q, n), Dd=(q, n), Brx=(3, 3, E, q, q, q))
+    for nm, a in zip(shapes, (u, J, Dd, Brx)):
+        if tuple(a.shape) != shapes[nm]:
+            raise ValueError(f"{name}: {nm} must be {shapes[nm]} for c {c.shape}, got {tuple(a.shape)}")
+    if not cuda_available():
+        raise ValueError(f"{name}: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+
+
 def convection_cuda(c, u, J, Dd, Brx):
     """The element-local weak (u·∇)c on the 3/2 rule in one launch (same result as
-    :func:`~jaxsem.operators.convection.advection_local`, whose tangent is its derivative rule).
+    :func:`~jaxsem.operators.convection.advection_local`).
 
     ``c: (m, E, n, n, n)`` the carried fields, ``u: (3, E, n, n, n)`` the carrier, float32 or
     float64 with 2 ≤ n ≤ 16; ``J, Dd: (q, n)`` with q = :func:`convection_q` ``(n)``;
     ``Brx: (3, 3, E, q, q, q)``. Returns ``(m, E, n, n, n)``. The rule's fields stay on chip:
-    c, u and Brx are read once, the result written once.
+    c, u and Brx are read once, the result written once. Derivatives: the tangent in (c, u) is
+    two launches of this kernel and its transpose one launch of :func:`convection_vjp_cuda`'s;
+    the tangent in J, Dd and Brx (shape derivatives) is the einsum form's.
     """
-    n = c.shape[-1]
-    if c.ndim != 5 or c.dtype not in (jnp.float32, jnp.float64) or c.shape[2:] != (n, n, n) or not 2 <= n <= MAX_N:
-        raise ValueError(f"convection_cuda: c must be (m, E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
-                         f"got {c.shape} {c.dtype}")
-    E, q = c.shape[1], convection_q(n)
-    shapes = dict(u=(3, E, n, n, n), J=(q, n), Dd=(q, n), Brx=(3, 3, E, q, q, q))
-    for name, a in zip(shapes, (u, J, Dd, Brx)):
-        if tuple(a.shape) != shapes[name]:
-            raise ValueError(f"convection_cuda: {name} must be {shapes[name]} for c {c.shape}, got {tuple(a.shape)}")
-    if not cuda_available():
-        raise ValueError("convection_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
-                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
-    attr = _attr("conv", c)
-    return _convection(c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), attr)
+    _convection_checks("convection_cuda", c, u, J, Dd, Brx)
+    return _convection(c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), _attr("conv", c))
 
 
 def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):

@@ -145,7 +145,7 @@ __host__ __device__ constexpr int ops_words(int n) {
   return n * n;
 #elif defined(JAXSEM_OP_MASS)
   return (n + 1) * n;
-#elif defined(JAXSEM_OP_CONV)
+#elif defined(JAXSEM_OP_CONV) || defined(JAXSEM_OP_CONVT)
   return 2 * ((3 * n + 1) / 2) * n;  // J then Dd, each q × n on the 3/2 rule q = ceil(3n/2)
 #else
   return (n + 1) * n + (n + 1) * (n + 1);
@@ -1185,7 +1185,7 @@ void allow_smem(K kernel, size_t bytes) {
 template <int V>
 using Int = std::integral_constant<int, V>;
 
-#if defined(JAXSEM_OP_CONV)
+#if defined(JAXSEM_OP_CONV) || defined(JAXSEM_OP_CONVT)
 // ================================================================ dealiased convection
 // The element-local part of the Navier–Stokes convective term on the 3/2 rule (q = ceil(3n/2)):
 //   w_m = Jᵀ⊗Jᵀ⊗Jᵀ [ Σ_a v_a ⊙ (∂_a c_m)_q ],   v_a = Σ_d Brx[a][d] ⊙ (J⊗J⊗J u_d),
@@ -1290,6 +1290,157 @@ conv_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ c, const JAXSEM_RE
     lines_back<N, Q>(w + (int64_t(m) * E + ee) * n3, active, t, A, S, acc);
   }
 }
+
+#if defined(JAXSEM_OP_CONVT)
+// The transposed transform by lines, added into a line: thread t < N² (line (j, k) = (t % N, t / N))
+// adds (M3ᵀ⊗M2ᵀ⊗M1ᵀ rv)[k][j][:] into acc[], where thread t = a + Q·b holds rv[c] at (c, b, a).
+// Barriers inside (lines_back's phases 3', 2', 1'), none after: A is read last.
+template <int N, int Q, int O1, int O2, int O3>
+__device__ __forceinline__ void conv_back_add(int t, JAXSEM_REAL* A, JAXSEM_REAL* S, const JAXSEM_REAL (&rv)[Q],
+                                              JAXSEM_REAL (&acc)[N]) {
+  using T = JAXSEM_REAL;
+  constexpr int RQ = odd_len(Q);
+  const int a = t % Q, b = t / Q;
+  T y[N];
+  cmul_t<Q, N, O3>(rv, y);  // phase 3': contracts k
+  __syncthreads();          // earlier readers of S are done
+#pragma unroll
+  for (int k = 0; k < N; ++k) S[(k * Q + a) * RQ + b] = y[k];
+  __syncthreads();
+  if (t < Q * N) {  // phase 2': thread (a, k) contracts j
+    const int a2 = t % Q, k = t / Q;
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = S[(k * Q + a2) * RQ + q];
+    cmul_t<Q, N, O2>(in, out);
+#pragma unroll
+    for (int j = 0; j < N; ++j) A[(k * N + j) * RQ + a2] = out[j];
+  }
+  __syncthreads();
+  if (t < N * N) {  // phase 1': thread (j, k) contracts i
+    T in[Q], out[N];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) in[q] = A[t * RQ + q];
+    cmul_t<Q, N, O1>(in, out);
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] += out[i];
+  }
+}
+
+// The transpose of the convection's linearization in (c, u) (conv_kernel's operator is linear in
+// each): for a cotangent g (M, E, n³) of w, with gq_m = J⊗J⊗J g_m on the rule,
+//   cbar_m = Σ_a D_aᵀ (v_a ⊙ gq_m),                         D_r = J⊗J⊗Dd, …
+//   ubar_d = Jᵀ⊗Jᵀ⊗Jᵀ [ Σ_a Brx[a][d] ⊙ Σ_m gq_m ⊙ (D_a c_m) ].
+// v_a as in conv_kernel (registers); the rule's Σ_m sums (3 q³ words, each thread its own column)
+// in shared memory. The einsum form: jax.vjp of jaxsem.operators.convection.advection_local.
+template <int N>
+__host__ __device__ constexpr int convt_words() {
+  return conv_words<N>() + 3 * conv_q<N>() * conv_q<N>() * conv_q<N>();
+}
+
+template <int N>
+__global__ void __launch_bounds__(conv_q<N>() * conv_q<N>() * elements_per_block<conv_q<N>()>())
+convt_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ g, const JAXSEM_REAL* __restrict__ c,
+             const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Brx, JAXSEM_REAL* __restrict__ cbar,
+             JAXSEM_REAL* __restrict__ ubar) {
+  using T = JAXSEM_REAL;
+  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>(), RN = odd_len(N);
+  constexpr int n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
+  constexpr int OJ = ops_offset(N), OD = ops_offset(N) + Q * N;
+  const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
+  T* U = reinterpret_cast<T*>(jaxsem_smem) + z * convt_words<N>();
+  T* A = U + N * N * RN;
+  T* S = A + lines_a_words<N, Q>();
+  T* VB = S + lines_b_words<N, Q>();  // VB[a * q3 + k * q2 + t]: thread t's own column
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  auto stage = [&](const T* __restrict__ src) {
+    for (int x = t; x < n3; x += q2) U[(x / N) * RN + x % N] = active ? src[ee * n3 + x] : T(0);
+  };
+  T v[3][Q];
+#pragma unroll
+  for (int a = 0; a < 3; ++a)
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      v[a][k] = 0;
+      VB[a * q3 + k * q2 + t] = 0;
+    }
+  for (int d = 0; d < 3; ++d) {
+    T x[Q];
+    stage(u + d * E * n3);
+    conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const T* gp = Brx + ((a * 3 + d) * E + ee) * int64_t(q3) + t;
+#pragma unroll
+      for (int k = 0; k < Q; ++k) v[a][k] += (active ? gp[k * q2] : T(0)) * x[k];
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    T gq[Q], x[Q], acc[N];
+    stage(g + int64_t(m) * E * n3);
+    conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, gq);
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0;
+#pragma unroll
+    for (int k = 0; k < Q; ++k) x[k] = v[0][k] * gq[k];
+    conv_back_add<N, Q, OD, OJ, OJ>(t, A, S, x, acc);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) x[k] = v[1][k] * gq[k];
+    conv_back_add<N, Q, OJ, OD, OJ>(t, A, S, x, acc);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) x[k] = v[2][k] * gq[k];
+    conv_back_add<N, Q, OJ, OJ, OD>(t, A, S, x, acc);
+    if (active && t < N * N) {
+      T* out = cbar + (int64_t(m) * E + ee) * n3 + t * N;
+#pragma unroll
+      for (int i = 0; i < N; ++i) out[i] = acc[i];
+    }
+    stage(c + int64_t(m) * E * n3);  // U's last readers (phase 1 of gq's transform) are past two barriers
+    conv_forward<N, Q, OD, OJ, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) VB[0 * q3 + k * q2 + t] += gq[k] * x[k];
+    conv_forward<N, Q, OJ, OD, OJ>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) VB[1 * q3 + k * q2 + t] += gq[k] * x[k];
+    conv_forward<N, Q, OJ, OJ, OD>(U, t, A, S, x);
+#pragma unroll
+    for (int k = 0; k < Q; ++k) VB[2 * q3 + k * q2 + t] += gq[k] * x[k];
+  }
+  for (int d = 0; d < 3; ++d) {
+    T x[Q];
+#pragma unroll
+    for (int k = 0; k < Q; ++k) x[k] = 0;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const T* gp = Brx + ((a * 3 + d) * E + ee) * int64_t(q3) + t;
+#pragma unroll
+      for (int k = 0; k < Q; ++k) x[k] += (active ? gp[k * q2] : T(0)) * VB[a * q3 + k * q2 + t];
+    }
+    lines_back<N, Q>(ubar + (int64_t(d) * E + ee) * n3, active, t, A, S, x);
+  }
+}
+
+template <int N, typename T>
+bool launch_convt(cudaStream_t st, int variant, int64_t E, int M, const T* g, const T* c, const T* u, const T* J,
+                  const T* Dd, const T* Brx, T* cbar, T* ubar) {
+  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>();
+  switch (variant) {
+    case 2: {
+      copy_ops(J, Q * N, ops_offset(N), st);
+      copy_ops(Dd, Q * N, ops_offset(N) + Q * N, st);
+      dim3 block(Q, Q, EB), grid(unsigned((E + EB - 1) / EB));
+      const size_t smem = sizeof(T) * EB * convt_words<N>();
+      auto kernel = convt_kernel<N>;
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, st>>>(E, M, g, c, u, Brx, cbar, ubar);
+      return true;
+    }
+    default: return false;
+  }
+}
+#endif
 
 template <int N, typename T>
 bool launch_conv(cudaStream_t st, int variant, int64_t E, int M, const T* c, const T* u, const T* J, const T* Dd,
@@ -1721,6 +1872,35 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer c, ffi::
                                          static_cast<T*>(w->untyped_data())));
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_CONVT)
+// The transpose of conv's linearization in (c, u): g, c, cbar: (M, E, n, n, n); u, ubar: (3, E, n, n, n);
+// J, Dd, Brx as for conv.
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer g, ffi::AnyBuffer c, ffi::AnyBuffer u,
+                       ffi::AnyBuffer J, ffi::AnyBuffer Dd, ffi::AnyBuffer Brx, ffi::Result<ffi::AnyBuffer> cbar,
+                       ffi::Result<ffi::AnyBuffer> ubar) {
+  Shape s;
+  if (auto err = check(g, s); err.failure()) return err;
+  constexpr int64_t Q = conv_q<JAXSEM_N>();
+  const int64_t n3 = int64_t(s.n) * s.n * s.n;
+  if (c.element_type() != g.element_type() || c.element_count() != g.element_count())
+    return ffi::Error::InvalidArgument("jaxsem convt: c must be shaped like g");
+  if (u.element_type() != g.element_type() || u.element_count() != size_t(3 * s.E * n3))
+    return ffi::Error::InvalidArgument("jaxsem convt: u must be (3, E, n, n, n) like g");
+  if (J.element_count() != size_t(Q * s.n) || Dd.element_count() != size_t(Q * s.n))
+    return ffi::Error::InvalidArgument("jaxsem convt: J and Dd must be (ceil(3n/2), n)");
+  if (Brx.element_count() != size_t(9 * s.E * Q * Q * Q))
+    return ffi::Error::InvalidArgument("jaxsem convt: Brx must be (3, 3, E, q, q, q)");
+  if (s.E == 0) return ffi::Error::Success();
+  using T = JAXSEM_REAL;
+  auto P = [](const ffi::AnyBuffer& b) { return static_cast<const T*>(b.untyped_data()); };
+  return finish(launch_convt<JAXSEM_N, T>(st, variant & ~PREFETCH_L2, s.E, int(s.C), P(g), P(c), P(u), P(J), P(Dd),
+                                          P(Brx), static_cast<T*>(cbar->untyped_data()),
+                                          static_cast<T*>(ubar->untyped_data())));
+}
+#define JAXSEM_ARGS                                                                                     \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>() \
+      .Arg<ffi::AnyBuffer>()
+#define JAXSEM_RETS .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_MASS)
 ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J, ffi::AnyBuffer B,
                        ffi::Result<ffi::AnyBuffer> w) {
@@ -1799,7 +1979,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _CONV, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _CONV, _CONVT, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
 #endif
 
 }  // namespace
@@ -1812,7 +1992,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|CONV|MASS|STIFFNESS|STIFFNESSA|GS
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|CONV|CONVT|MASS|STIFFNESS|STIFFNESSA|GS
 // -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
