@@ -6,7 +6,7 @@ import numpy as np
 
 import jaxsem as js
 from jaxsem import geometry
-from jaxsem.backends import EINSUM, cuda
+from jaxsem.backends import EINSUM, EMULATED, cuda
 from jaxsem.operators.convection import advection_local, on_rule
 from jaxsem.operators.tensor import grad_gll, interp, interp_t
 
@@ -82,22 +82,14 @@ def _case(order=3, E=4, m=3, seed=5):
     return c, u, J, Dd, Brx, k[3]
 
 
-def _emulated(monkeypatch):
-    """convection_cuda's derivative rules with the kernels' values from the einsum form (any platform)."""
-    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
-    monkeypatch.setattr(cuda, "_conv_kernel", lambda c, u, J, Dd, Brx, attr: advection_local(c, u, J, Dd, Brx))
-    monkeypatch.setattr(cuda, "_convt_kernel",
-                        lambda g, c, u, J, Dd, Brx, attr: cuda.convection_vjp_reference(g, c, u, J, Dd, Brx))
-
-
-def test_convection_kernel_derivative_rules(monkeypatch):
+def test_convection_kernel_derivative_rules():
     """The fused convection's tangent (two kernel launches, the linear primitive) and its transpose
     (the convt kernel) give the einsum form's JVP and VJP: in c and u apart, with c = u (the
-    Navier–Stokes term), in Brx (shape derivatives), under jit and vmap."""
-    _emulated(monkeypatch)
+    Navier–Stokes term), in Brx (shape derivatives), under jit and vmap. The kernels' values come
+    from the einsum form (the emulated backend's), the rules are the CUDA backend's."""
     c, u, J, Dd, Brx, key = _case()
     ref = lambda c, u, B: advection_local(c, u, J, Dd, B)
-    fused = lambda c, u, B: cuda.convection_cuda(c, u, J, Dd, B)
+    fused = lambda c, u, B: EMULATED.convection(c, u, J, Dd, B)
     k = jax.random.split(key, 4)
     dc, du, dB = (jax.random.normal(kk, a.shape) for kk, a in zip(k, (c, u, Brx)))
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

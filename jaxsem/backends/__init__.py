@@ -114,6 +114,14 @@ class Backend:
 class _LocalKernels:
     """The fused kernels' values in einsum form (what :class:`EmulatedBackend` computes)."""
 
+    def convection(self, c, u, J, Dd, Brx):
+        """The CUDA backend's convective term and derivative rules, the kernels' values in einsum
+        form (:func:`jaxsem.backends.cuda.convection_emulated`); off the 3/2 rule the einsum form."""
+        n = c.shape[-1]
+        if tuple(J.shape) != (cuda.convection_q(n), n):
+            return advection_local(c, u, J, Dd, Brx)
+        return cuda.convection_emulated(c, u, J, Dd, Brx)
+
     def maxwell_kernel(self, dg, mat, q, flux, bc):
         """The local Maxwell operator (chain curl, neighbours through ``dg.nbr``, remote mirrored)."""
         return mx_ref.rhs_local(dg, mat, q, flux, bc)
@@ -131,10 +139,10 @@ class _LocalKernels:
 class EmulatedBackend(FusedDG, _LocalKernels, Backend):
     """The CUDA backend's dispatch and derivative rules with einsum values, on any platform.
 
-    The DG right-hand sides take the fused path exactly where :class:`CudaBackend` does (the same
-    primitives, transpose and material-adjoint rules, halo correction), each kernel's value
-    computed by the einsum local operator: tests of that path need no GPU. The SEM operators
-    are the einsum reference's.
+    The DG right-hand sides and the Navier–Stokes convective term take the fused path exactly
+    where :class:`CudaBackend` does (the same primitives, transpose and material-adjoint rules,
+    halo correction), each kernel's value computed by the einsum local operator: tests of that
+    path need no GPU. The SEM operators are the einsum reference's.
     """
 
     name: ClassVar[str] = "emulated"

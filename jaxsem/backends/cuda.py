@@ -46,7 +46,7 @@ from ._cuda_build import _cached  # noqa: F401  (the cache's path, read by tests
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
            "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "convection_cuda", "convection_vjp_cuda",
-           "convection_vjp_reference", "convection_q", "maxwell_material_vjp_cuda", "libraries",
+           "convection_vjp_reference", "convection_emulated", "convection_q", "maxwell_material_vjp_cuda", "libraries",
            "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 
@@ -200,13 +200,21 @@ def _symbolic(a) -> bool:
     return isinstance(a, jax.custom_derivatives.SymbolicZero)
 
 
+# attr < 0 (EMULATED): the kernels' values from the einsum form, the derivative rules unchanged
+EMULATE = -1
+
+
 def _conv_kernel(c, u, J, Dd, Brx, attr):
+    if attr == EMULATE:
+        return advection_local(c, u, J, Dd, Brx)
     call = jax.ffi.ffi_call(_ffi_target("conv", c.dtype, c.shape[-1]), jax.ShapeDtypeStruct(c.shape, c.dtype),
                             vmap_method="sequential")
     return call(c, u, J, Dd, Brx, variant=np.int32(attr))
 
 
 def _convt_kernel(g, c, u, J, Dd, Brx, attr):
+    if attr == EMULATE:
+        return convection_vjp_reference(g, c, u, J, Dd, Brx)
     out = (jax.ShapeDtypeStruct(c.shape, c.dtype), jax.ShapeDtypeStruct(u.shape, u.dtype))
     call = jax.ffi.ffi_call(_ffi_target("convt", c.dtype, c.shape[-1]), out, vmap_method="sequential")
     return call(g, c, u, J, Dd, Brx, variant=np.int32(attr))
@@ -320,7 +328,7 @@ def _convection_jvp(attr, primals, tangents):
 _convection.defjvp(_convection_jvp, symbolic_zeros=True)
 
 
-def _convection_checks(name, c, u, J, Dd, Brx):
+def _convection_checks(name, c, u, J, Dd, Brx, need_gpu=True):
     n = c.shape[-1]
     if c.ndim != 5 or c.dtype not in (jnp.float32, jnp.float64) or c.shape[2:] != (n, n, n) or not 2 <= n <= MAX_N:
         raise ValueError(f"{name}: c must be (m, E, n, n, n) float32/float64 with 2 <= n <= {MAX_N}, "
@@ -330,7 +338,7 @@ def _convection_checks(name, c, u, J, Dd, Brx):
     for nm, a in zip(shapes, (u, J, Dd, Brx)):
         if tuple(a.shape) != shapes[nm]:
             raise ValueError(f"{name}: {nm} must be {shapes[nm]} for c {c.shape}, got {tuple(a.shape)}")
-    if not cuda_available():
+    if need_gpu and not cuda_available():
         raise ValueError(f"{name}: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
                          f"(backend here: {jax.default_backend()}); use backend='einsum'")
 
@@ -348,6 +356,13 @@ def convection_cuda(c, u, J, Dd, Brx):
     """
     _convection_checks("convection_cuda", c, u, J, Dd, Brx)
     return _convection(c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), _attr("conv", c))
+
+
+def convection_emulated(c, u, J, Dd, Brx):
+    """:func:`convection_cuda`'s derivative rules (the linear primitive, its transpose) with the
+    kernels' values from the einsum form, on any platform (the emulated backend's)."""
+    _convection_checks("convection_emulated", c, u, J, Dd, Brx, need_gpu=False)
+    return _convection(c, *(a.astype(c.dtype) for a in (u, J, Dd, Brx)), EMULATE)
 
 
 def maxwell_rhs_cuda(q, D, rx, eps, mu, normal, cE, aE, cH, aH, nbr, upwind: bool, pmc: bool):
