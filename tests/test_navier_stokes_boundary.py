@@ -258,8 +258,8 @@ def _sharded(P):
         res = {}
         for key, devices in (("serial", None), ("shard", P)):
             ns = build(devices)
-            st, s, _ = NS.run(ns, NS.initial_state(ns, starts[name]), 0.08, sample_interval=0.04)
-            res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), s.force[-1])
+            st, info = NS.simulate(ns, NS.initial_state(ns, starts[name]), round(0.08 / float(ns.dt)), info=True)
+            res[key] = (to_mesh_order(ns.sem, st.u), to_mesh_order(ns.sem, st.p), np.asarray(info.force[-1]))
         (us, ps, fs), (ud, pd, fd) = res["serial"], res["shard"]
         out[name] = dict(u=float(np.max(np.abs(us - ud)) / np.max(np.abs(us))),
                          p=float(np.max(np.abs(ps - pd)) / np.max(np.abs(ps))),
