@@ -37,6 +37,9 @@
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
 #   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
 #              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
+#   tgv36run   NekRS's case end to end (t = 0 -> 20, pressure 1e-6, velocity 1e-8), resumed from TGV36_CK
+#              (default /tmp/tgv36.ckpt) when it exists: run the stage in one call, then again in the next
+#              call while the machine is warm (its files are kept), until the JSON's status is completed
 #   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
 set -uo pipefail
 if [[ $# -eq 0 || $1 == -h || $1 == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
@@ -44,7 +47,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd tgv36 horizon "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd tgv36 tgv36run horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -161,6 +164,12 @@ for tols in "1e-8 1e-10" "1e-4 1e-6"; do
   has tgv36 && timed tgv36 "p$ptol" 600 "$PY -m experiments.ns_step_time --order 7 --elements 36 --dt 3e-3 \
     --steps 50 --pressure-tol $ptol --velocity-tol $vtol --out $OUT/tgv36_step_p$ptol.json"
 done
+if has tgv36run; then
+  CK=${TGV36_CK:-/tmp/tgv36.ckpt}
+  args="--order 7 --elements 36 --dt 3e-3 --t-final 20 --pressure-tol 1e-6 --velocity-tol 1e-8 --checkpoint $CK"
+  [[ -e $CK ]] && args+=" --resume $CK"
+  timed tgv36run run 570 "$PY -m jaxsem solve tgv $args --out $OUT/tgv36 --json > $OUT/tgv36_run.json"
+fi
 has horizon && timed horizon n20 900 "$PY -m experiments.mosaic_ns_grid --only horizon --horizon-steps 10240 \
   --time-limit 900 --out $OUT/mosaic_horizon_10240.json"
 
