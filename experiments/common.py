@@ -79,6 +79,17 @@ def _launch() -> str:
     return f"mpirun -n {n} " if n and n > 1 else ""
 
 
+def best_seconds(fn, *args, repeats=3):
+    """The shortest wall seconds of ``fn(*args)`` over ``repeats`` calls after one warm-up call."""
+    jax.block_until_ready(fn(*args))
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def median_seconds(fn, args, repeats):
     """Median wall seconds of ``fn(*args)`` over ``repeats`` calls after one warm-up call."""
     jax.block_until_ready(fn(*args))

@@ -26,7 +26,6 @@ its largest value, points. ::
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +34,10 @@ import numpy as np
 import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.models import navier_stokes as NS
+from jaxsem.operators.convection import advection_local, on_rule
 from jaxsem.operators.tensor import grad_gll, interp, interp_t
 
-from experiments.common import Results
+from experiments.common import Results, best_seconds
 
 jax.config.update("jax_enable_x64", True)
 
@@ -49,19 +49,8 @@ def previous(u, Brx, J, D, Dd):
     return interp_t(c[0] * interp(ur, J) + c[1] * interp(us, J) + c[2] * interp(ut, J), J)
 
 
-def _on_rule(u, J, Dd):
-    """``(uq, ur, us, ut)`` on the rule, the partial contractions shared (einsum on [..., k, j, i])."""
-    e = jnp.einsum
-    iJ, iD = e("ai,...kji->...kja", J, u), e("ai,...kji->...kja", Dd, u)
-    jJ_iJ, jD_iJ, jJ_iD = (e("bj,...kji->...kbi", M, x) for M, x in ((J, iJ), (Dd, iJ), (J, iD)))
-    k = lambda M, x: e("ck,...kji->...cji", M, x)
-    return k(J, jJ_iJ), k(J, jJ_iD), k(J, jD_iJ), k(Dd, jJ_iJ)
-
-
 def shared(u, Brx, J, D, Dd):
-    uq, ur, us, ut = _on_rule(u, J, Dd)
-    c = [Brx[a, 0] * uq[0] + Brx[a, 1] * uq[1] + Brx[a, 2] * uq[2] for a in range(3)]
-    return interp_t(c[0] * ur + c[1] * us + c[2] * ut, J)
+    return advection_local(u, u, J, Dd, Brx)
 
 
 def _rot(M, x):
@@ -81,20 +70,10 @@ def rotate(u, Brx, J, D, Dd):
 
 def affine(u, G, J, D, Dd, wq):
     """``G: (3, 3, E)``: J·∂r_a/∂x_d per element (constant on affine elements); ``wq: (q, q, q)``."""
-    uq, ur, us, ut = _on_rule(u, J, Dd)
+    uq, ur, us, ut = on_rule(u, J, Dd)
     g = G[..., None, None, None]
     c = [g[a, 0] * uq[0] + g[a, 1] * uq[1] + g[a, 2] * uq[2] for a in range(3)]
     return interp_t(wq * (c[0] * ur + c[1] * us + c[2] * ut), J)
-
-
-def _time(fn, *args, repeats=5):
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main(argv=None):
@@ -127,7 +106,7 @@ def main(argv=None):
         for name, (fn, args) in variants.items():
             f = jax.jit(fn)
             diff = float(jnp.max(jnp.abs(f(*args) - ref))) / scale
-            ms = 1e3 * _time(f, *args, repeats=a.repeats)
+            ms = 1e3 * best_seconds(f, *args, repeats=a.repeats)
             r = dict(variant=name, backend=s.backend.name, elements=K, order=order, q=q, points=K**3 * order**3, ms=ms,
                      relative_difference=diff)
             rows.append(r)
@@ -137,13 +116,13 @@ def main(argv=None):
                          ("vjp_backend", lambda u: s.backend.convection(u, u, J, ns.Dd, ns.Brx))):
             f = jax.jit(lambda u, fn=fn: jax.vjp(fn, u)[1](u)[0])
             r = dict(variant=name, backend=s.backend.name, elements=K, order=order, q=q, points=K**3 * order**3,
-                     ms=1e3 * _time(f, u, repeats=a.repeats),
+                     ms=1e3 * best_seconds(f, u, repeats=a.repeats),
                      relative_difference=float(jnp.max(jnp.abs(f(u) - vjp_ref)) / jnp.max(jnp.abs(vjp_ref))))
             rows.append(r)
             print(r, flush=True)
         full = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))
         r = dict(variant="backend_with_dssum", backend=s.backend.name, elements=K, order=order, q=q, points=K**3 * order**3,
-                 ms=1e3 * _time(full, ns, u, repeats=a.repeats), relative_difference=0.0)
+                 ms=1e3 * best_seconds(full, ns, u, repeats=a.repeats), relative_difference=0.0)
         rows.append(r)
         print(r, flush=True)
 

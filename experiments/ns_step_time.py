@@ -36,17 +36,7 @@ from jaxsem.models import flows
 from jaxsem.elliptic import solve_local
 from jaxsem.models import navier_stokes as NS
 
-from experiments.common import Placements, Results, add_transport_args
-
-
-def _time(fn, *args, repeats=3):
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
+from experiments.common import Placements, Results, add_transport_args, best_seconds
 
 
 def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
@@ -57,17 +47,17 @@ def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
     start = dt * max(1, round(0.1 / dt))  # about t = 0.1, in whole steps
     st, s, _ = NS.run(ns, st, start, sample_interval=start)
     many = jax.jit(lambda ns, st: jax.lax.fori_loop(0, steps, lambda i, x: NS.step(ns, x)[0], st))
-    t_step = _time(many, ns, st, repeats=2) / steps
+    t_step = best_seconds(many, ns, st, repeats=2) / steps
     _, info = jax.jit(NS.step)(ns, st)
     conv = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))
-    t_conv = _time(conv, ns, st.u)
+    t_conv = best_seconds(conv, ns, st.u)
     curlcurl = jax.jit(lambda ns, u: ns.sem.local_map(
         lambda s_, ns_, u_: NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, u_)), ns, u))
-    t_cc = _time(curlcurl, ns, st.u)
+    t_cc = best_seconds(curlcurl, ns, st.u)
     reps = 20
     gs_loop = jax.jit(lambda ns, u: ns.sem.local_map(
         lambda s_, u_: jax.lax.fori_loop(0, reps, lambda i, v: s_.dssum(v) * 0.125, u_), u))
-    t_gs = _time(gs_loop, ns, st.u) / reps
+    t_gs = best_seconds(gs_loop, ns, st.u) / reps
     # the step's own pressure and velocity right-hand sides (periodic: no lift), then each solve alone
     beta_, a_ = NS.bdf_ext(ns.options.time_order)
     beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
@@ -83,8 +73,8 @@ def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
                                                         ns, b, p0))
     vsolve = jax.jit(lambda ns, b, x: ns.sem.local_map(
         lambda s_, ns_, b_, x_: solve_local(NS.scheme._velocity(ns_, h2), b_, x0=x_, tol=ns_.options.velocity_tol, maxiter=ns_.options.velocity_maxiter), ns, b, x))
-    t_p = _time(psolve, ns, bp, st.p)
-    t_v = _time(vsolve, ns, bv, x0)
+    t_p = best_seconds(psolve, ns, bp, st.p)
+    t_v = best_seconds(vsolve, ns, bv, x0)
     pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
     p = mesh.order
     return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,

@@ -1241,32 +1241,29 @@ __host__ __device__ constexpr int conv_words() {  // U, A, S of one element
   return N * N * odd_len(N) + lines_a_words<N, conv_q<N>()>() + lines_b_words<N, conv_q<N>()>();
 }
 
+// One field of the element (N³ words at src + ee·N³) into U, rows padded; 0 for an inactive layer.
 template <int N>
-__global__ void __launch_bounds__(conv_q<N>() * conv_q<N>() * elements_per_block<conv_q<N>()>())
-conv_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ c, const JAXSEM_REAL* __restrict__ u,
-            const JAXSEM_REAL* __restrict__ Brx, JAXSEM_REAL* __restrict__ w) {
+__device__ __forceinline__ void conv_stage(const JAXSEM_REAL* __restrict__ src, int64_t ee, bool active, int t,
+                                           JAXSEM_REAL* U) {
+  constexpr int RN = odd_len(N), n3 = N * N * N, q2 = conv_q<N>() * conv_q<N>();
+  for (int x = t; x < n3; x += q2) U[(x / N) * RN + x % N] = active ? src[ee * n3 + x] : JAXSEM_REAL(0);
+}
+
+// The carrier on the rule times B·∂r/∂x: v[a][k] = Σ_d Brx[a][d] ⊙ (J⊗J⊗J u_d) at (k, b, a) for
+// thread t = a + Q·b (u: (3, E, N³), Brx: (3, 3, E, Q³)). Barriers inside.
+template <int N>
+__device__ __forceinline__ void conv_carrier(const JAXSEM_REAL* __restrict__ u, const JAXSEM_REAL* __restrict__ Brx,
+                                             int64_t E, int64_t ee, bool active, int t, JAXSEM_REAL* U,
+                                             JAXSEM_REAL* A, JAXSEM_REAL* S, JAXSEM_REAL (&v)[3][conv_q<N>()]) {
   using T = JAXSEM_REAL;
-  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>(), RN = odd_len(N);
-  constexpr int n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q;
-  constexpr int OJ = ops_offset(N), OD = ops_offset(N) + Q * N;
-  const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
-  T* U = reinterpret_cast<T*>(jaxsem_smem) + z * conv_words<N>();
-  T* A = U + N * N * RN;
-  T* S = A + lines_a_words<N, Q>();
-  const int64_t e = int64_t(blockIdx.x) * EB + z;
-  const bool active = e < E;
-  const int64_t ee = active ? e : 0;
-  auto stage = [&](const T* __restrict__ src) {  // one field of the element into U (rows padded)
-    for (int x = t; x < n3; x += q2) U[(x / N) * RN + x % N] = active ? src[ee * n3 + x] : T(0);
-  };
-  T v[3][Q];
+  constexpr int Q = conv_q<N>(), n3 = N * N * N, q2 = Q * Q, q3 = Q * Q * Q, OJ = ops_offset(N);
 #pragma unroll
   for (int a = 0; a < 3; ++a)
 #pragma unroll
     for (int k = 0; k < Q; ++k) v[a][k] = 0;
-  for (int d = 0; d < 3; ++d) {  // the carrier on the rule, times B·∂r_a/∂x_d
+  for (int d = 0; d < 3; ++d) {
     T x[Q];
-    stage(u + d * E * n3);
+    conv_stage<N>(u + d * E * n3, ee, active, t, U);
     conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, x);
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
@@ -1275,9 +1272,28 @@ conv_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ c, const JAXSEM_RE
       for (int k = 0; k < Q; ++k) v[a][k] += (active ? g[k * q2] : T(0)) * x[k];
     }
   }
+}
+
+template <int N>
+__global__ void __launch_bounds__(conv_q<N>() * conv_q<N>() * elements_per_block<conv_q<N>()>())
+conv_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ c, const JAXSEM_REAL* __restrict__ u,
+            const JAXSEM_REAL* __restrict__ Brx, JAXSEM_REAL* __restrict__ w) {
+  using T = JAXSEM_REAL;
+  constexpr int Q = conv_q<N>(), EB = elements_per_block<Q>(), RN = odd_len(N);
+  constexpr int n3 = N * N * N;
+  constexpr int OJ = ops_offset(N), OD = ops_offset(N) + Q * N;
+  const int t = threadIdx.x + Q * threadIdx.y, z = threadIdx.z;
+  T* U = reinterpret_cast<T*>(jaxsem_smem) + z * conv_words<N>();
+  T* A = U + N * N * RN;
+  T* S = A + lines_a_words<N, Q>();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  T v[3][Q];
+  conv_carrier<N>(u, Brx, E, ee, active, t, U, A, S, v);
   for (int m = 0; m < M; ++m) {
     T acc[Q], x[Q];
-    stage(c + int64_t(m) * E * n3);
+    conv_stage<N>(c + int64_t(m) * E * n3, ee, active, t, U);
     conv_forward<N, Q, OD, OJ, OJ>(U, t, A, S, x);
 #pragma unroll
     for (int k = 0; k < Q; ++k) acc[k] = v[0][k] * x[k];
@@ -1355,31 +1371,15 @@ convt_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ g, const JAXSEM_R
   const int64_t e = int64_t(blockIdx.x) * EB + z;
   const bool active = e < E;
   const int64_t ee = active ? e : 0;
-  auto stage = [&](const T* __restrict__ src) {
-    for (int x = t; x < n3; x += q2) U[(x / N) * RN + x % N] = active ? src[ee * n3 + x] : T(0);
-  };
-  T v[3][Q];
 #pragma unroll
   for (int a = 0; a < 3; ++a)
 #pragma unroll
-    for (int k = 0; k < Q; ++k) {
-      v[a][k] = 0;
-      VB[a * q3 + k * q2 + t] = 0;
-    }
-  for (int d = 0; d < 3; ++d) {
-    T x[Q];
-    stage(u + d * E * n3);
-    conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, x);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const T* gp = Brx + ((a * 3 + d) * E + ee) * int64_t(q3) + t;
-#pragma unroll
-      for (int k = 0; k < Q; ++k) v[a][k] += (active ? gp[k * q2] : T(0)) * x[k];
-    }
-  }
+    for (int k = 0; k < Q; ++k) VB[a * q3 + k * q2 + t] = 0;
+  T v[3][Q];
+  conv_carrier<N>(u, Brx, E, ee, active, t, U, A, S, v);
   for (int m = 0; m < M; ++m) {
     T gq[Q], x[Q], acc[N];
-    stage(g + int64_t(m) * E * n3);
+    conv_stage<N>(g + int64_t(m) * E * n3, ee, active, t, U);
     conv_forward<N, Q, OJ, OJ, OJ>(U, t, A, S, gq);
 #pragma unroll
     for (int i = 0; i < N; ++i) acc[i] = 0;
@@ -1397,7 +1397,7 @@ convt_kernel(int64_t E, int M, const JAXSEM_REAL* __restrict__ g, const JAXSEM_R
 #pragma unroll
       for (int i = 0; i < N; ++i) out[i] = acc[i];
     }
-    stage(c + int64_t(m) * E * n3);  // U's last readers (phase 1 of gq's transform) are past two barriers
+    conv_stage<N>(c + int64_t(m) * E * n3, ee, active, t, U);  // U's last readers (phase 1 of gq's transform) are past two barriers
     conv_forward<N, Q, OD, OJ, OJ>(U, t, A, S, x);
 #pragma unroll
     for (int k = 0; k < Q; ++k) VB[0 * q3 + k * q2 + t] += gq[k] * x[k];
