@@ -37,6 +37,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from ..operators.convection import advection_local
+from ._fused_dg import _batch_by_map, _symbolic
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
 from ._cuda_build import (DEFAULT, DERIVATIVE_OPS, MAX_N, OPS, PREFETCH_L2, SOURCE, TUNING, VARIANTS, _attr,
@@ -196,10 +197,6 @@ def convection_q(n: int) -> int:
     return (3 * n + 1) // 2
 
 
-def _symbolic(a) -> bool:
-    return isinstance(a, jax.custom_derivatives.SymbolicZero)
-
-
 # attr < 0 (EMULATED): the kernels' values from the einsum form, the derivative rules unchanged
 EMULATE = -1
 
@@ -280,22 +277,12 @@ def _conv_lin_jvp(primals, tangents, *, live, attr):  # second derivatives: the 
     return out, dw
 
 
-def _conv_lin_batch(args, dims, *, live, attr):
-    moved = [None if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-
-    def one(xs):
-        it = iter(xs)
-        return _conv_lin_p.bind(*[a if m is None else next(it) for a, m in zip(args, moved)], live=live, attr=attr)
-
-    return jax.lax.map(one, [m for m in moved if m is not None]), 0
-
-
 _conv_lin_p.def_impl(_conv_lin_impl)
 _conv_lin_p.def_abstract_eval(lambda dc, du, c, *rest, **params: c)
 mlir.register_lowering(_conv_lin_p, mlir.lower_fun(_conv_lin_impl, False))
 ad.primitive_jvps[_conv_lin_p] = _conv_lin_jvp
 ad.primitive_transposes[_conv_lin_p] = _conv_lin_transpose
-batching.primitive_batchers[_conv_lin_p] = _conv_lin_batch
+batching.primitive_batchers[_conv_lin_p] = _batch_by_map(_conv_lin_p)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
