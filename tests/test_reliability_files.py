@@ -396,6 +396,45 @@ def test_cli_channel_sigterm_names_its_checkpoint_and_the_steps_of_the_run(tmp_p
     assert f"--resume {path}" in r["message"]
 
 
+@pytest.mark.parametrize("when", ["after_save", "before_steps"])
+def test_channel_stop_between_samples_names_the_run_step(when, tmp_path, capsys, monkeypatch):
+    """A SIGTERM that lands between the channel's samples (while it writes a sample's checkpoint,
+    or while the next sample compiles) still reports the run's step and time and the file's
+    state, never "outside the time steps"; after the write the file holds the state reported."""
+    from jaxsem.app import cli
+    from jaxsem.models import navier_stokes as NS
+
+    path = tmp_path / "ck.npz"
+    if when == "after_save":
+        real = io.save_checkpoint
+
+        def save_then_stop(*a, **k):
+            real(*a, **k)
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: still in the sample's block
+
+        monkeypatch.setattr(io, "save_checkpoint", save_then_stop)
+    else:
+        real, calls = NS.run, []
+
+        def stop_before_second(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises here, before any step
+            return real(*a, **k)
+
+        monkeypatch.setattr(NS, "run", stop_before_second)
+    code = cli.main(["solve", "channel", "--order", "2", "--elements", "2", "2", "2", "--reynolds-bulk", "400",
+                     "--t-final", "1", "--average-from", "0.5", "--sample", "0.25", "--dt", "0.05",
+                     "--checkpoint", str(path), "--json", "-q"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 143 and r["status"] == "interrupted", r
+    ck = load_checkpoint(path)
+    assert (ck.step, ck.t) == (5, pytest.approx(0.25))
+    assert r["step"] == 5 and r["t"] == pytest.approx(0.25)
+    assert f"checkpoint {path} holds the state of step 5 (t = 0.25)" in r["message"], r["message"]
+    assert f"--resume {path}" in r["message"]
+
+
 def test_cli_sigint_during_set_up_exits_130_with_json(tmp_path):
     """Ctrl-C before the steps (set-up, compilation): exit 130, one line on stderr, JSON with status
     interrupted and no step."""

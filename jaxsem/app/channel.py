@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 import time
 
 import jax
@@ -25,8 +26,8 @@ from ..mesh.box import box_mesh
 from ..mesh.grading import Grading
 from ..models import navier_stokes as NS
 from ..models.navier_stokes import statistics as ST
-from ..solvers.driver import RunOptions
-from ..solvers.stops import NonFiniteError, RunInterrupted, RunStopped
+from ..solvers.driver import RunOptions, agreed_signal, stops_deferred
+from ..solvers.stops import NonFiniteError, RunInterrupted, RunStopped, Terminated
 from .files import save_figure, write_csv
 from .tgv import setup_at_cfl
 from .verify import _where
@@ -151,31 +152,39 @@ def run_channel(order: int, elements, *, reynolds_bulk: float = DNS["re_bulk"], 
     kept, saved = (resume, (steps, float(st.t))) if resume is not None else (None, None)  # the file, its (step, t)
     try:
         for i in range(first, samples):
-            try:
-                st, s, info = NS.run(ns, st, (i + 1) * sample, sample_interval=sample, options=opts)
-            except RunInterrupted as e:  # count the run's steps; name the file of the last sample's end
-                raise RunInterrupted(steps + e.step, e.t, e.signal, kept, saved) from None
-            steps, seconds = steps + info.steps, seconds + info.seconds
-            tw = np.asarray(shear(ns, st))
-            for k, v in (("time", s.time[-1]), ("bulk_velocity", s.bulk_velocity[-1]), ("driving", s.driving[-1]),
-                         ("kinetic_energy", s.kinetic_energy[-1]), ("wall_shear", tw.mean()), ("cfl", s.cfl[-1]),
-                         ("dt", ns.dt)):
-                series[k].append(float(v))
-            if adapt and not GROW * cfl <= s.cfl[-1] <= CUT * cfl:
-                step = cut_dt(float(ns.dt), float(s.cfl[-1]), cfl, sample)
-                progress(f"t = {float(st.t):g}: CFL {float(s.cfl[-1]):.3g}, dt {float(ns.dt):.4g} -> {step:.4g}")
-                ns, st = _with_dt(ns, step), dataclasses.replace(st, past=jnp.zeros_like(st.past))
-            if s.time[-1] > average_from + 1e-9 * sample:
-                avg = accumulate(avg, st, sample)
-                tau, pushed, averaged = tau + tw.mean(), pushed + float(s.driving[-1]), averaged + 1
-            if checkpoint is not None:
-                from ..io import save_checkpoint, tree_fields
+            try:  # a stop between the sample's steps ends the run with the last sample's state and file
+                try:
+                    st, s, info = NS.run(ns, st, (i + 1) * sample, sample_interval=sample, options=opts)
+                except RunInterrupted as e:  # count the run's steps; name the file of the last sample's end
+                    raise RunInterrupted(steps + e.step, e.t, e.signal, kept, saved) from None
+                steps, seconds = steps + info.steps, seconds + info.seconds
+                with stops_deferred() as stop:  # a stop waits for the sample's statistics and checkpoint
+                    tw = np.asarray(shear(ns, st))
+                    for k, v in (("time", s.time[-1]), ("bulk_velocity", s.bulk_velocity[-1]),
+                                 ("driving", s.driving[-1]), ("kinetic_energy", s.kinetic_energy[-1]),
+                                 ("wall_shear", tw.mean()), ("cfl", s.cfl[-1]), ("dt", ns.dt)):
+                        series[k].append(float(v))
+                    if adapt and not GROW * cfl <= s.cfl[-1] <= CUT * cfl:
+                        step = cut_dt(float(ns.dt), float(s.cfl[-1]), cfl, sample)
+                        progress(f"t = {float(st.t):g}: CFL {float(s.cfl[-1]):.3g}, "
+                                 f"dt {float(ns.dt):.4g} -> {step:.4g}")
+                        ns, st = _with_dt(ns, step), dataclasses.replace(st, past=jnp.zeros_like(st.past))
+                    if s.time[-1] > average_from + 1e-9 * sample:
+                        avg = accumulate(avg, st, sample)
+                        tau, pushed, averaged = tau + tw.mean(), pushed + float(s.driving[-1]), averaged + 1
+                    if checkpoint is not None:
+                        from ..io import save_checkpoint, tree_fields
 
-                fields = dict(tree_fields("state", st), **tree_fields("avg", avg),
-                              **{f"series.{k}": np.asarray(v) for k, v in series.items()},
-                              sums=np.array([tau, pushed, averaged], float), dt_now=np.array(float(ns.dt)))
-                save_checkpoint(checkpoint + suffix, fields, float(st.t), steps, **meta)
-                kept, saved = checkpoint, (steps, float(st.t))
+                        fields = dict(tree_fields("state", st), **tree_fields("avg", avg),
+                                      **{f"series.{k}": np.asarray(v) for k, v in series.items()},
+                                      sums=np.array([tau, pushed, averaged], float), dt_now=np.array(float(ns.dt)))
+                        save_checkpoint(checkpoint + suffix, fields, float(st.t), steps, **meta)
+                        kept, saved = checkpoint, (steps, float(st.t))
+                sig = agreed_signal(stop, ns.sem.comm)
+            except (KeyboardInterrupt, Terminated) as e:  # outside the steps and the block (compilation)
+                sig = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
+            if sig:
+                raise RunInterrupted(steps, float(st.t), sig, kept, saved)
     except (NonFiniteError, RunStopped) as e:
         return dict(base, converged=False, status=e.status, steps=e.step, t=e.t, message=str(e))
     record = dict(base, converged=True, status="t_final", steps=steps, t=float(st.t), seconds=seconds,

@@ -14,6 +14,7 @@ refused before any step; :func:`plan_steps` picks a Δt that reaches ``t_final``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -33,7 +34,7 @@ from ..io.checkpoint import (checkpoint_meta, load_checkpoint, meta_mismatch, sa
 from .stops import NonFiniteError, RunInterrupted, Terminated, UnstableRunError, take_pending_signal
 from .timestepping import _check_steps, advance_fn, tableau
 
-__all__ = ["run", "RunOptions", "RunInfo", "drive", "plan_steps"]
+__all__ = ["run", "RunOptions", "RunInfo", "drive", "plan_steps", "stops_deferred", "agreed_signal"]
 
 
 class RunInfo(NamedTuple):
@@ -278,7 +279,19 @@ def _catch_stop_signals():
     return received, restore
 
 
-def _agreed_signal(received: list, comm) -> int:
+@contextlib.contextmanager
+def stops_deferred():
+    """SIGINT and SIGTERM inside the block are noted, not raised: yields the list their numbers
+    go to, for work between a run's parts (its statistics, its checkpoint) that a stop must not
+    cut in half; the caller ends the run after the block (:func:`agreed_signal`)."""
+    received, restore = _catch_stop_signals()
+    try:
+        yield received
+    finally:
+        restore()
+
+
+def agreed_signal(received: list, comm) -> int:
     """The stop signal any process of the run received (0: none), so that all stop after one chunk."""
     sig = max(received, default=0)
     if comm is not None and comm.name == "mpi":
@@ -379,7 +392,7 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
                     bar.set_postfix_str(f"first chunk {time.perf_counter() - tic:.1f} s incl. compile")
                     bar.unpause()
                 bar.update(count)
-            sig = _agreed_signal(stop, comm)
+            sig = agreed_signal(stop, comm)
             if sig:
                 raise RunInterrupted(m, t0 + m * dt, sig, checkpoint_path)
             if until is not None and until(y, m):
