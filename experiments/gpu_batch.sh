@@ -11,7 +11,7 @@
 #              --elements 8 8 8` and the default `jaxsem solve poisson`, each from its own empty cache
 #   roofline   the p = 7 FP64 table, BK1-BK6 and BP1-BP6 at ~16 M DOFs, RUNS (2) times
 #   build      every kernel library from an empty cache (cuda.build())
-#   tests      tests/test_cuda_kernels.py against that cache
+#   tests      tests/test_cuda_kernels.py against that cache (only the tests -k TESTS_K selects, when set)
 #   old        OLD_SOURCE (an earlier sem_kernels.cu) built one library per operator and dtype
 #   targets    the speed targets: Maxwell and advection throughput (N = 7, 14), the gradient of
 #              LSERK4 Maxwell (8^3, N = 7, 100 steps), BP3 and BP5 (p = 7, 11.2 M points)
@@ -35,11 +35,14 @@
 #              defaults; 9 minutes on an H200)
 #   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:14), FD along nu
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
+#   nsgradgpus the time per gradient over GPUs: NSGRAD_RUNS (default "1:18 2:18 2:23 4:18 4:29", DEVICES:ELEMENTS,
+#              those with at most NGPU devices), NSGRAD_STEPS (1000) Taylor-Green steps, p = 7, binomial:14
 #   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
 #              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
-#   tgv36run   NekRS's case end to end (t = 0 -> 20, pressure 1e-6, velocity 1e-8), resumed from TGV36_CK
-#              (default /tmp/tgv36.ckpt) when it exists: run the stage in one call, then again in the next
-#              call while the machine is warm (its files are kept), until the JSON's status is completed
+#   tgv36run   NekRS's case end to end (6,667 steps of 3e-3 to t = 20.001, sampled every 0.06, pressure 1e-6,
+#              velocity 1e-8, a checkpoint every 6.0 and at the stop), resumed from TGV36_CK (default
+#              /tmp/tgv36_ckpt.npz) when it exists: run the stage in one call, then again in the next call
+#              while the machine is warm (its files are kept), until the JSON's status is completed
 #   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
 set -uo pipefail
 if [[ $# -eq 0 || $1 == -h || $1 == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
@@ -47,7 +50,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd tgv36 tgv36run horizon "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd nsgradgpus tgv36 tgv36run horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -86,7 +89,8 @@ if has build; then
   export JAXSEM_CUDA_CACHE=${JAXSEM_CUDA_CACHE:-$(mktemp -d)}
   timed build build_all_empty_cache 400 "$PY -c 'from jaxsem.backends import cuda; cuda.build()'"
 fi
-has tests && timed tests test_cuda_kernels 400 "$PY -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py > $OUT/gpu_tests.txt 2>&1"
+has tests && timed tests test_cuda_kernels 400 "$PY -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py \
+  ${TESTS_K:+-k '$TESTS_K'} > $OUT/gpu_tests.txt 2>&1"
 if has old && [[ -n ${OLD_SOURCE:-} ]]; then
   INC=$($PY -c "import jax; print(jax.ffi.include_dir())")
   ARCH=$($PY -c "import jax; print(jax.devices('gpu')[0].compute_capability.replace('.', ''))")
@@ -159,14 +163,24 @@ has nsgrad && timed nsgrad 18p7 1200 "$PY -m experiments.ns_gradient_size --elem
 has nsgradfd && timed nsgradfd 18p7 1200 "$PY -m experiments.ns_gradient_size --elements 18 --order 7 --steps 3000 \
   --schedule binomial:14 --skip check gradient --fd 3 --ad-from ${AD_FROM:-experiments/results/ns_gradient_size_18p7_b14_h200.json} \
   --out $OUT/ns_gradient_fd_18p7.json"
+if has nsgradgpus; then
+  for run in ${NSGRAD_RUNS:-1:18 2:18 2:23 4:18 4:29}; do
+    d=${run%%:*} e=${run#*:}
+    (( d <= NGPU )) || continue
+    timed nsgradgpus "${e}p7_${d}gpu" 600 "$PY -m experiments.ns_gradient_size --elements $e --order 7 \
+      --steps ${NSGRAD_STEPS:-1000} --schedule binomial:14 --devices $d --skip check --fd 0 \
+      --out $OUT/ns_gradient_${e}p7_${d}gpu.json"
+  done
+fi
 for tols in "1e-8 1e-10" "1e-4 1e-6"; do
   read -r ptol vtol <<< "$tols"
   has tgv36 && timed tgv36 "p$ptol" 600 "$PY -m experiments.ns_step_time --order 7 --elements 36 --dt 3e-3 \
     --steps 50 --pressure-tol $ptol --velocity-tol $vtol --out $OUT/tgv36_step_p$ptol.json"
 done
 if has tgv36run; then
-  CK=${TGV36_CK:-/tmp/tgv36.ckpt}
-  args="--order 7 --elements 36 --dt 3e-3 --t-final 20 --pressure-tol 1e-6 --velocity-tol 1e-8 --checkpoint $CK"
+  CK=${TGV36_CK:-/tmp/tgv36_ckpt.npz}
+  args="--order 7 --elements 36 --dt 3e-3 --sample 0.06 --t-final 20.001 --pressure-tol 1e-6 --velocity-tol 1e-8 \
+    --checkpoint $CK --checkpoint-every 6"
   [[ -e $CK ]] && args+=" --resume $CK"
   timed tgv36run run 570 "$PY -m jaxsem solve tgv $args --out $OUT/tgv36 --json > $OUT/tgv36_run.json"
 fi

@@ -133,6 +133,8 @@ BAD = [
     (["solve", "tgv", "--elements", "1000"], "--elements"),
     (["solve", "tgv", "--vtu-every", "0.2"], "--vtu-every"),  # needs --vtu
     (["solve", "tgv", "--vtu", "/tmp/x.vtu", "--vtu-every", "0.15"], "--vtu-every"),  # not a multiple of 0.1
+    (["solve", "tgv", "--checkpoint-every", "0.2"], "--checkpoint-every"),  # needs --checkpoint
+    (["solve", "tgv", "--checkpoint", "/tmp/x.npz", "--checkpoint-every", "0.15"], "--checkpoint-every"),
 ]
 if not cuda_available():  # CPU machines: a clear error before any JAX work
     BAD += [(["solve", "poisson", "--backend", "cuda"], "--backend"), (["bench", "bk5", "--backend", "cuda"], "--backend")]

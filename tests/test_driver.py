@@ -88,6 +88,7 @@ def test_run_options_are_checked_and_hashable():
     for kw, msg in [
         (dict(chunk_steps=0), r"RunOptions\.chunk_steps must be an int >= 1, got 0"),
         (dict(chunk_steps=2.0), r"RunOptions\.chunk_steps must be an int >= 1, got 2\.0"),
+        (dict(checkpoint_every=0), r"RunOptions\.checkpoint_every must be an int >= 1, got 0"),
         (dict(dt_max=-1.0), r"RunOptions\.dt_max must be None or a positive finite number, got -1\.0"),
         (dict(meta={"dt": 0.1}), r"RunOptions\.meta key 'dt' is reserved"),
         (dict(meta={"not a key": 1}), r"RunOptions\.meta keys must be identifiers, got 'not a key'"),
@@ -142,6 +143,32 @@ def test_stop_signal_ends_the_run_after_the_chunk_and_its_checkpoint(tmp_path, s
     # without a checkpoint file the message says so
     with pytest.raises(RunInterrupted, match="no checkpoint was written"):
         driver.drive(advance, Y0, 300, dt=dt, t0=0.0, label="lserk4", options=driver.RunOptions(chunk_steps=chunk))
+
+
+def test_checkpoint_every_writes_every_kth_chunk_the_last_and_the_stopped_one(tmp_path, monkeypatch):
+    """checkpoint_every=3 over 8 chunks writes after chunks 3, 6 and the last (8); a signal in chunk 5
+    writes chunk 5's state, the one RunInterrupted names, and it resumes to the full run's bits."""
+    path = tmp_path / "ck.npz"
+    dt, chunk, steps = 0.01, 10, 75
+    written = []
+    save = driver.save_checkpoint
+    monkeypatch.setattr(driver, "save_checkpoint", lambda p, f, t, m, **kw: (written.append(m), save(p, f, t, m, **kw)))
+    opts = driver.RunOptions(chunk_steps=chunk, checkpoint_path=path, checkpoint_every=3)
+    y_full, info = driver.run(f_lin, Y0, dt, steps, options=opts)
+    assert written == [30, 60, 75] and info.chunks == 8 and load_checkpoint(path).step == 75
+    adv = ts.advance_fn(f_lin, "lserk4", with_args=False)
+
+    def advance(y, args, m0, count):
+        if int(m0) == 4 * chunk:  # the fifth chunk: not a multiple of 3
+            signal.raise_signal(signal.SIGTERM)
+        return adv(y, args, jnp.asarray(0.0), jnp.asarray(dt), m0, count)
+
+    written.clear()
+    with pytest.raises(RunInterrupted, match=r"at step 50 \(t = 0\.5\); checkpoint .*ck\.npz holds this state"):
+        driver.drive(advance, Y0, steps, dt=dt, t0=0.0, label="lserk4", options=opts)
+    assert written == [30, 50] and load_checkpoint(path).step == 50
+    y_res, info = driver.run(f_lin, Y0, dt, steps, options=dataclasses.replace(opts, resume=path))
+    assert info.resumed_from == 50 and np.array_equal(np.asarray(y_res), np.asarray(y_full))
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

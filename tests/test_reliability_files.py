@@ -357,11 +357,13 @@ def _term_once_written(p, path, settle=0.0):
         p.kill()
 
 
-def test_cli_sigterm_during_the_steps_keeps_the_checkpoint_and_says_where(tmp_path):
+@pytest.mark.parametrize("every", [[], ["--checkpoint-every", "1.5"]], ids=["every_sample", "every_30_samples"])
+def test_cli_sigterm_during_the_steps_keeps_the_checkpoint_and_says_where(tmp_path, every):
     """SIGTERM once the first checkpoint exists: exit 143, one line on stderr (no traceback), one JSON
-    object on stdout with status, step and t, and the checkpoint on disk at that step."""
+    object on stdout with status, step and t, and the checkpoint on disk at that step (written at the
+    stop also where the interval had not come round)."""
     path = tmp_path / "ck.npz"
-    p = _tgv(tmp_path, "--checkpoint", str(path))
+    p = _tgv(tmp_path, "--checkpoint", str(path), *every)
     out, err = _term_once_written(p, path)
     assert p.returncode == 143, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err

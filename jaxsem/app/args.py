@@ -148,7 +148,11 @@ def build_parser() -> _Parser:
                    help="relative residual of the velocity solves (default 1e-10)")
     t.add_argument("--pmg-dtype", choices=("float64", "float32"), default=None,
                    help="precision of the pressure's p-multigrid V-cycle (default: the solve's, float64)")
-    t.add_argument("--checkpoint", metavar="PATH", default=None, help="write a checkpoint after every sample")
+    t.add_argument("--checkpoint", metavar="PATH", default=None,
+                   help="write a checkpoint every --checkpoint-every, at the end, and when stopped by a signal")
+    t.add_argument("--checkpoint-every", type=float, default=None, metavar="T",
+                   help="with --checkpoint: its interval in time units, a whole multiple of --sample "
+                        "(default: every sample)")
     t.add_argument("--resume", metavar="PATH", default=None, help="continue from this checkpoint")
     t.add_argument("--backend", choices=BACKENDS, default="auto", help="element kernels (default auto)")
     t.add_argument("--devices", type=int, default=None, metavar="N", help="split the elements over N devices")
@@ -536,6 +540,13 @@ def validate(parser: _Parser, args) -> None:
                         check_writable(getattr(args, name), "output path" if name == "vtu" else "checkpoint")
                     except ValueError as e:
                         fail(f"argument --{name}: {e}")
+            if args.checkpoint_every is not None:
+                if not args.checkpoint:
+                    fail("argument --checkpoint-every: needs --checkpoint PATH")
+                n = args.checkpoint_every / args.sample
+                if not (math.isfinite(n) and n >= 1 - 1e-9 and abs(n - round(n)) < 1e-9):
+                    fail(f"argument --checkpoint-every: must be a whole multiple of --sample ({args.sample}), "
+                         f"got {args.checkpoint_every}")
             if args.vtu_every is not None:
                 if not args.vtu:
                     fail("argument --vtu-every: needs --vtu PATH")

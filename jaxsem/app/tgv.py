@@ -49,7 +49,8 @@ def setup_at_cfl(setup, u0, dt: float | None, cfl: float, sample: float) -> tupl
 def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, reynolds: float = 1600.0,
             sample: float = 0.1, cfl: float = 0.4, out: str | None = None, vtu: str | None = None,
             backend: str = "auto", place: dict | None = None, checkpoint: str | None = None,
-            resume: str | None = None, vtu_every: float | None = None, progress=lambda m: None,
+            resume: str | None = None, checkpoint_every: float | None = None,
+            vtu_every: float | None = None, progress=lambda m: None,
             progress_bar: bool = False, pmg_dtype: str | None = None, pressure_tol: float = 1e-8,
             velocity_tol: float = 1e-10) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
@@ -61,6 +62,9 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     at every multiple of it too, ``<vtu stem>_t<time>.vtu`` (not with checkpoints: the run is
     then split into one :func:`navier_stokes.run` call per snapshot). The DNS reference file
     (:func:`flows.tgv_reference`) is read first: a bad one fails before the run, not after it.
+    ``checkpoint_every``: with ``checkpoint``, its interval in time units, a whole multiple of
+    ``sample`` (None: every sample); the file is also written at the end and when a signal stops
+    the run.
     ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``);
     ``pressure_tol``, ``velocity_tol``: the solves' relative residuals (:class:`NS.NSOptions`).
     """
@@ -77,8 +81,14 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     progress(f"dt {dt:.4g} ({round(t_final / dt)} steps), setup {setup_seconds:.1f} s")
+    every = 1
+    if checkpoint_every is not None:
+        every = round(checkpoint_every / sample)
+        if checkpoint is None or every < 1 or abs(checkpoint_every / sample - every) > 1e-9:
+            raise ValueError(f"checkpoint_every must be a whole multiple of sample ({sample}) with a checkpoint "
+                             f"path, got {checkpoint_every!r} (checkpoint {checkpoint!r})")
     opts = RunOptions(progress=progress_bar, desc="Taylor-Green", checkpoint_path=checkpoint, resume=resume,
-                         meta=dict(reynolds=float(reynolds)))
+                      checkpoint_every=every, meta=dict(reynolds=float(reynolds)))
     base = dict(problem="tgv", order=order, elements=list(elements), reynolds=reynolds, nu=nu, dt=dt,
                 t_final=t_final, dofs=int(np.prod(elements)) * order**3, time_order=ns.options.time_order,
                 dealias=ns.options.dealias, pressure_tol=ns.options.pressure_tol,

@@ -83,7 +83,11 @@ class RunOptions:
         (compilation included) apart from the steps' rate and the time left.
       desc: the progress bar's label.
       checkpoint_path: write the state (its leaves named, :mod:`jaxsem.io.checkpoint`), ``t``,
-        ``step`` and the metadata there after every chunk (npz, atomic), or ``None``.
+        ``step`` and the metadata there (npz, atomic), or ``None``.
+      checkpoint_every: write it after every this many chunks (int ≥ 1, default 1: each chunk),
+        and always after the last chunk and before a stop by SIGINT/SIGTERM, so that an
+        interrupted run's file holds the state it stopped at. A failed or unstable run's
+        file holds the last one written.
       resume: path of a checkpoint to continue from, or ``None``. Its metadata
         (``dt``, ``t0``, ``method`` and every key of ``meta``) must equal this run's.
       meta: what identifies the run beyond ``dt``, ``t0`` and ``method`` (the DG
@@ -99,14 +103,16 @@ class RunOptions:
     progress: bool | str = "auto"
     desc: str = "time steps"
     checkpoint_path: str | os.PathLike | None = None
+    checkpoint_every: int = 1
     resume: str | os.PathLike | None = None
     meta: tuple = ()
 
     def __post_init__(self):
-        n = self.chunk_steps
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"RunOptions.chunk_steps must be an int >= 1, got {n!r}")
-        object.__setattr__(self, "chunk_steps", int(n))
+        for name in ("chunk_steps", "checkpoint_every"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"RunOptions.{name} must be an int >= 1, got {n!r}")
+            object.__setattr__(self, name, int(n))
         if self.dt_max is not None:
             try:
                 v = math.nan if isinstance(self.dt_max, (bool, str)) else float(self.dt_max)
@@ -321,8 +327,8 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
     :class:`jaxsem.solvers.stops.RunStopped`) to stop the run, and the last checkpoint stays
     the one before the chunk. SIGINT or SIGTERM during the loop ends it after the current
     chunk and its checkpoint with :class:`jaxsem.solvers.stops.RunInterrupted` (every process together).
-    ``until(y, m) -> bool``: called on the host after each accepted chunk (and its checkpoint);
-    True ends the run there (a converged steady state), which :class:`RunInfo` then reports.
+    ``until(y, m) -> bool``: called on the host after each accepted chunk, before its checkpoint;
+    True ends the run there (its state checkpointed) (a converged steady state), which :class:`RunInfo` then reports.
     ``names``: the state's name in checkpoint files, or the names of its parts when it is a tuple
     (``("state", "series")``); its leaves are the fields of :func:`jaxsem.io.checkpoint.tree_fields`
     under it (``y``, ``y.0``, ``state.U``).
@@ -385,17 +391,18 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
                 raise NonFiniteError(bad + 1, t0 + (bad + 1) * dt, method, dt)
             y, m = y_new, m + count
             chunks += 1
-            if checkpoint_path is not None:
+            sig = agreed_signal(stop, comm)
+            done = m >= num_steps or (until is not None and until(y, m))
+            if checkpoint_path is not None and (done or sig or chunks % options.checkpoint_every == 0):
                 save_checkpoint(checkpoint_path, fields(y), t0 + m * dt, m, **meta)
             if bar is not None:
                 if chunks == 1:  # the first chunk compiled the program: its time apart from the rate
                     bar.set_postfix_str(f"first chunk {time.perf_counter() - tic:.1f} s incl. compile")
                     bar.unpause()
                 bar.update(count)
-            sig = agreed_signal(stop, comm)
             if sig:
                 raise RunInterrupted(m, t0 + m * dt, sig, checkpoint_path)
-            if until is not None and until(y, m):
+            if done:
                 break
         jax.block_until_ready(y)
     finally:
