@@ -42,7 +42,8 @@
 #   tgv36run   NekRS's case end to end (6,667 steps of 3e-3 to t = 20.001, sampled every 0.06, pressure 1e-6,
 #              velocity 1e-8, a checkpoint every 6.0 and at the stop), resumed from TGV36_CK (default
 #              /tmp/tgv36_ckpt.npz) when it exists: run the stage in one call, then again in the next call
-#              while the machine is warm (its files are kept), until the JSON's status is completed
+#              while the machine is warm (its files are kept), until the JSON's status is completed; each
+#              call stops after TGV36_LIMIT (540) s and writes its checkpoint (3.4 GB) before it ends
 #   horizon    Mosaic's rollout horizon at its last length, N = 20, 10,240 steps (tesseract-core: docs/mosaic.md)
 set -uo pipefail
 if [[ $# -eq 0 || $1 == -h || $1 == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
@@ -182,7 +183,9 @@ if has tgv36run; then
   args="--order 7 --elements 36 --dt 3e-3 --sample 0.06 --t-final 20.001 --pressure-tol 1e-6 --velocity-tol 1e-8 \
     --checkpoint $CK --checkpoint-every 6"
   [[ -e $CK ]] && args+=" --resume $CK"
-  timed tgv36run run 570 "$PY -m jaxsem solve tgv $args --out $OUT/tgv36 --json > $OUT/tgv36_run.json"
+  # exec: timeout's SIGTERM must reach the run and timeout wait for its stop checkpoint (bash -c with a
+  # redirection does not exec by itself, and dies at once)
+  timed tgv36run run "${TGV36_LIMIT:-540}" "exec $PY -m jaxsem solve tgv $args --out $OUT/tgv36 --json > $OUT/tgv36_run.json"
 fi
 has horizon && timed horizon n20 900 "$PY -m experiments.mosaic_ns_grid --only horizon --horizon-steps 10240 \
   --time-limit 900 --out $OUT/mosaic_horizon_10240.json"

@@ -65,6 +65,30 @@ def test_tgv_peak_dissipation_is_reported_only_where_reached():
     assert hump["peak_dissipation"] == 5.0 and hump["peak_dissipation_time"] == t[3]
 
 
+def test_tgv_energy_is_compared_between_samples_and_up_to_t12():
+    """E_k at t = 5 and 10 between samples that miss those times (linear), None where not reached;
+    the largest deviation from the DNS over t <= 12 is the samples' (here the DNS itself + 1 % at t = 7)."""
+    import numpy as np
+
+    from jaxsem.app.tgv import _compare
+    from jaxsem.models import flows
+    from jaxsem.models import navier_stokes as NS
+
+    ref = flows.tgv_reference()
+    t = np.arange(0.0, 14.0, 0.35)  # misses 5 and 10 (at 4.9, 5.25; 9.8, 10.15)
+    e = ref.at(t).kinetic_energy * np.where(np.isclose(t, 7.0), 1.01, 1.0)
+    e[t > 12.0] = 0.0  # past t = 12: not compared
+    z = np.zeros_like(t)
+    cols = dict.fromkeys(NS.Series._fields, z)
+    cols.update(time=t, kinetic_energy=e, dissipation=z, force=np.zeros((len(t), 0, 3)), probe=np.zeros((len(t), 0, 4)))
+    r = _compare(NS.Series(**cols))
+    assert r["kinetic_energy_t5"] == np.interp(5.0, t, e) and r["kinetic_energy_t10"] == np.interp(10.0, t, e)
+    assert abs(r["kinetic_energy_t5"] - r["reference"]["kinetic_energy_t5"]) < 1e-3
+    assert r["kinetic_energy_deviation_to_t12"] == pytest.approx(0.01, rel=1e-12)
+    short = _compare(NS.Series(**dict(cols, time=t[:20] / 4, kinetic_energy=e[:20])))
+    assert short["kinetic_energy_t5"] is None and short["kinetic_energy_t10"] is None
+
+
 def test_progress_is_shown_by_default_on_a_terminal_or_in_a_notebook(monkeypatch, capsys):
     """RunOptions' default progress is "auto": a bar on a terminal or in a Jupyter kernel, none in a
     pipe (CI, this test); the bar says the first chunk's time (compilation) apart."""

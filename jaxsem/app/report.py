@@ -93,6 +93,10 @@ def report_advection(r: dict) -> str:
     ])
 
 
+def _pct(v):
+    return None if v is None else 100 * v
+
+
 def report_tgv(r: dict) -> str:
     el = "x".join(map(str, r["elements"]))
     lines = [f"jaxsem {r['jaxsem_version']}: Taylor-Green vortex, Re {r['reynolds']:g}, periodic [-pi, pi]^3",
@@ -107,7 +111,8 @@ def report_tgv(r: dict) -> str:
         f"compilation ({1e3 * r['seconds_per_step']:.2f} ms per step), setup {r['setup_seconds']:.1f} s",
         f"  E_k         {fmt(r['kinetic_energy'][-1])} at t_final; t = 5: {fmt(r['kinetic_energy_t5'])} "
         f"(DNS {fmt(ref.get('kinetic_energy_t5'))}), t = 10: {fmt(r['kinetic_energy_t10'])} "
-        f"(DNS {fmt(ref.get('kinetic_energy_t10'))})",
+        f"(DNS {fmt(ref.get('kinetic_energy_t10'))}); "
+        f"largest deviation to t = 12 {fmt(_pct(r.get('kinetic_energy_deviation_to_t12')))} %",
         f"  peak eps    {fmt(r['peak_dissipation'])} at t = {fmt(r['peak_dissipation_time'])} "
         f"(DNS {fmt(ref.get('peak_dissipation'))} at t = {fmt(ref.get('peak_dissipation_time'))})",
         f"  solves      pressure {fmt(r['pressure_iterations'][-1])}, velocity {fmt(r['velocity_iterations'][-1])} "

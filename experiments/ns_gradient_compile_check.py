@@ -1,0 +1,55 @@
+"""Does the gradient of a Taylor–Green run compile and run here? One configuration per process.
+
+    python -m experiments.ns_gradient_compile_check BACKEND DEVICES SCHEDULE ELEMENTS
+    e.g. python -m experiments.ns_gradient_compile_check cuda 2 binomial 4   (plain | binomial)
+
+Order 7, ``ELEMENTS``³ elements, 10 steps of 10⁻³, the loss E_k at the end; the forward run and
+``value_and_grad`` w.r.t. ν and u⁰ are each compiled apart (``jit(...).lower().compile()``),
+then run. Lines ``COMPILE``/``RUN``/``RESULT`` on stdout say how far it got; the fault handler
+prints the Python stack if the process crashes (a compiler segfault ends it with status 139).
+"""
+
+import dataclasses
+import faulthandler
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsem as js
+from jaxsem.models import flows
+from jaxsem.models import navier_stokes as NS
+from jaxsem.solvers.timestepping import Checkpointing
+
+
+def main(argv):
+    faulthandler.enable()
+    backend, devices, schedule, elements = argv[0], int(argv[1]), argv[2], int(argv[3])
+    if schedule not in ("plain", "binomial"):
+        raise SystemExit(f"SCHEDULE must be plain or binomial, got {schedule!r}")
+    mesh = js.box_mesh(elements, 7, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+    ns = NS.setup(mesh, nu=1 / 1600, dt=1e-3, devices=devices if devices > 1 else None, backend=backend)
+    st0 = NS.initial_state(ns, flows.taylor_green().velocity)
+    ck = Checkpointing() if schedule == "plain" else Checkpointing(snapshots=4)
+
+    def loss(nu, u0, ns, st0):
+        st = dataclasses.replace(st0, U=st0.U.at[0].set(u0))
+        st = NS.simulate(dataclasses.replace(ns, nu=nu), st, 10, checkpointing=ck)
+        return NS.diagnostics(ns, st).kinetic_energy
+
+    tag = f"{backend} dev{devices} {schedule} E{elements} ({ns.sem.backend.name})"
+    for name, fn in (("fwd", loss), ("grad", jax.value_and_grad(loss, (0, 1)))):
+        print("COMPILE", name, tag, flush=True)
+        compiled = jax.jit(fn).lower(ns.nu, st0.u, ns, st0).compile()
+        print("RUN", name, tag, flush=True)
+        out = jax.block_until_ready(compiled(ns.nu, st0.u, ns, st0))
+        if name == "grad":
+            v, (g_nu, g_u) = out
+            print("RESULT", tag, float(v), float(g_nu), float(jnp.linalg.norm(g_u)), flush=True)
+        else:
+            print("RESULT", tag, float(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
