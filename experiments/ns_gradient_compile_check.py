@@ -7,10 +7,13 @@ Order 7, ``ELEMENTS``³ elements, 10 steps of 10⁻³, the loss E_k at the end; 
 ``value_and_grad`` w.r.t. ν and u⁰ are each compiled apart (``jit(...).lower().compile()``),
 then run. Lines ``COMPILE``/``RUN``/``RESULT`` on stdout say how far it got; the fault handler
 prints the Python stack if the process crashes (a compiler segfault ends it with status 139).
+``navier_stokes.simulate`` refuses the binomial schedule sharded over GPUs unless
+``JAXSEM_TRY_SHARDED_BINOMIAL=1``, which this script sets.
 """
 
 import dataclasses
 import faulthandler
+import os
 import sys
 
 import jax
@@ -25,6 +28,7 @@ from jaxsem.solvers.timestepping import Checkpointing
 
 def main(argv):
     faulthandler.enable()
+    os.environ["JAXSEM_TRY_SHARDED_BINOMIAL"] = "1"  # this script is the check whether XLA still crashes
     backend, devices, schedule, elements = argv[0], int(argv[1]), argv[2], int(argv[3])
     if schedule not in ("plain", "binomial"):
         raise SystemExit(f"SCHEDULE must be plain or binomial, got {schedule!r}")

@@ -183,3 +183,35 @@ def test_fused_convection_gradient_equals_einsum():
     (a_nu, a_u), (b_nu, b_u) = grads
     assert abs(float(a_nu - b_nu)) < 1e-11 * abs(float(a_nu))
     assert float(jnp.max(jnp.abs(a_u - b_u))) < 1e-11 * float(jnp.max(jnp.abs(a_u)))
+
+
+def test_binomial_schedule_sharded_over_gpus_is_refused_by_name(monkeypatch):
+    """Sharded over several GPUs the binomial schedule crashes XLA's GPU compiler (jax 0.11.2, measured):
+    simulate raises a NotImplementedError naming the schedule and the way round before any tracing; one
+    GPU, CPU devices, the plain schedule and the environment switch pass."""
+    from types import SimpleNamespace
+
+    from jaxsem.models.navier_stokes.scheme import _refuse_sharded_binomial_on_gpus
+    from jaxsem.solvers.timestepping import Checkpointing
+
+    def comm(*platforms):
+        return SimpleNamespace(mesh=SimpleNamespace(devices=np.array([SimpleNamespace(platform=p) for p in platforms])))
+
+    monkeypatch.delenv("JAXSEM_TRY_SHARDED_BINOMIAL", raising=False)
+    with pytest.raises(NotImplementedError, match=r"Checkpointing\(snapshots=14\) on a run sharded over 2 GPUs.*"
+                                                  r"on one GPU, or with Checkpointing\(\)"):
+        _refuse_sharded_binomial_on_gpus(comm("gpu", "gpu"), Checkpointing(snapshots=14))
+    for c, ck in [(comm("gpu"), Checkpointing(snapshots=14)), (comm("cpu", "cpu"), Checkpointing(snapshots=14)),
+                  (comm("gpu", "gpu"), Checkpointing()), (comm("gpu", "gpu"), Checkpointing("sqrt")),
+                  (SimpleNamespace(), Checkpointing(snapshots=14))]:
+        assert _refuse_sharded_binomial_on_gpus(c, ck) is None
+    monkeypatch.setenv("JAXSEM_TRY_SHARDED_BINOMIAL", "1")
+    assert _refuse_sharded_binomial_on_gpus(comm("gpu", "gpu"), Checkpointing(snapshots=14)) is None
+    # and simulate calls it first: a sharded discretization whose devices say "gpu" is refused
+    monkeypatch.delenv("JAXSEM_TRY_SHARDED_BINOMIAL")
+    mesh = js.box_mesh(2, 2, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
+    ns = NS.setup(mesh, nu=0.05, dt=0.05)
+    ns_gpu = dataclasses.replace(ns, sem=dataclasses.replace(ns.sem, comm=comm("gpu", "gpu")))
+    with pytest.raises(NotImplementedError, match="sharded over 2 GPUs"):
+        NS.simulate(ns_gpu, NS.initial_state(ns, flows.taylor_green().velocity), 3,
+                    checkpointing=Checkpointing(snapshots=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Callable, NamedTuple
 
 import jax
@@ -657,9 +658,15 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
     schedule; about ``t`` more forward runs where ``C(s + t, t) ≥ num_steps``). Values do not
     depend on it; gradients only to the solves' tolerances, since the binomial schedule starts
     each step's adjoint pressure and velocity solves from those of the steps after it
-    (extrapolated as the forward pass extrapolates the pressure) instead of from zero."""
+    (extrapolated as the forward pass extrapolates the pressure) instead of from zero.
+
+    Raises ``NotImplementedError`` for the binomial schedule on a run sharded over several GPUs
+    (``setup(devices=...)``): XLA's GPU compiler (jax 0.11.2) crashes the process compiling that
+    gradient (docs/gradients.md). ``JAXSEM_TRY_SHARDED_BINOMIAL=1`` lets it through, to check a
+    newer JAX (``python -m experiments.ns_gradient_compile_check cuda 2 binomial 4``)."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    _refuse_sharded_binomial_on_gpus(ns.sem.comm, checkpointing)
 
     def body(st, _, g):
         st, i = step(ns, st, g)
@@ -667,6 +674,22 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
 
     st, infos = checkpointed_scan(body, state, int(num_steps), checkpointing, adjoint_guess=adjoint_guess(state))
     return (st, infos) if info else st
+
+
+def _refuse_sharded_binomial_on_gpus(comm, checkpointing) -> None:
+    """The binomial schedule under ``ShardComm`` over several GPUs: a clear error, not the
+    segmentation fault of XLA's GPU compiler (measured: experiments/results/gpu_checks_session_j_h200x2.json)."""
+    mesh = getattr(comm, "mesh", None)
+    if (not isinstance(checkpointing, Checkpointing) or checkpointing.snapshots is None or mesh is None
+            or os.environ.get("JAXSEM_TRY_SHARDED_BINOMIAL") == "1"):
+        return
+    devices = np.asarray(mesh.devices).ravel()
+    if devices.size > 1 and any(d.platform == "gpu" for d in devices):
+        raise NotImplementedError(
+            f"checkpointing=Checkpointing(snapshots={checkpointing.snapshots}) on a run sharded over "
+            f"{devices.size} GPUs: XLA's GPU compiler (jax {jax.__version__}) crashes the process compiling "
+            "this gradient (docs/gradients.md); take it on one GPU, or with Checkpointing() (every step "
+            "kept) over the GPUs")
 
 
 def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None,
