@@ -113,3 +113,18 @@ def test_progress_is_shown_by_default_on_a_terminal_or_in_a_notebook(monkeypatch
     assert driver._show_progress("auto")
     with pytest.raises(TypeError, match="progress must be True, False or 'auto'"):
         driver.RunOptions(progress="yes")
+
+
+def test_tgv_checkpoint_interval_is_refused_before_any_set_up(monkeypatch):
+    """run_tgv(checkpoint_every=...) not a whole multiple of sample, or without a checkpoint path:
+    a ValueError naming it, before the discretization is built."""
+    from jaxsem.app import tgv
+
+    def no_setup(*a, **k):
+        raise AssertionError("checkpoint_every must be checked before the set-up")
+
+    monkeypatch.setattr(tgv, "box_mesh", no_setup)
+    for kw in (dict(checkpoint="ck.npz", checkpoint_every=0.15), dict(checkpoint_every=0.2),
+               dict(checkpoint="ck.npz", checkpoint_every=0.0)):
+        with pytest.raises(ValueError, match=r"checkpoint_every must be a whole multiple of sample \(0\.1\)"):
+            tgv.run_tgv(2, (2, 2, 2), 1.0, **kw)

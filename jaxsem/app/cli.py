@@ -216,7 +216,8 @@ def _dispatch(args, log, quiet: bool):
             result = run_tgv(args.order, args.elements, args.t_final, dt=args.dt, reynolds=args.reynolds,
                              sample=args.sample, cfl=args.cfl, out=args.out, vtu=args.vtu, backend=args.backend,
                              place=place, checkpoint=args.checkpoint, resume=args.resume,
-                             checkpoint_every=args.checkpoint_every, vtu_every=args.vtu_every, progress=log, pmg_dtype=args.pmg_dtype,
+                             checkpoint_every=args.checkpoint_every, vtu_every=args.vtu_every, progress=log,
+                             pmg_dtype=args.pmg_dtype,
                              pressure_tol=args.pressure_tol, velocity_tol=args.velocity_tol,
                              progress_bar=not quiet and first)
             report = report_tgv

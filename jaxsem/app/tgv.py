@@ -68,6 +68,12 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``);
     ``pressure_tol``, ``velocity_tol``: the solves' relative residuals (:class:`NS.NSOptions`).
     """
+    every = 1
+    if checkpoint_every is not None:  # refused before any set-up
+        every = round(checkpoint_every / sample)
+        if checkpoint is None or every < 1 or abs(checkpoint_every / sample - every) > 1e-9:
+            raise ValueError(f"checkpoint_every must be a whole multiple of sample ({sample}) with a checkpoint "
+                             f"path, got {checkpoint_every!r} (checkpoint {checkpoint!r})")
     flows.tgv_reference()
     place = place or {}
     tic = time.perf_counter()
@@ -81,12 +87,6 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     st = NS.initial_state(ns, u0)
     setup_seconds = time.perf_counter() - tic
     progress(f"dt {dt:.4g} ({round(t_final / dt)} steps), setup {setup_seconds:.1f} s")
-    every = 1
-    if checkpoint_every is not None:
-        every = round(checkpoint_every / sample)
-        if checkpoint is None or every < 1 or abs(checkpoint_every / sample - every) > 1e-9:
-            raise ValueError(f"checkpoint_every must be a whole multiple of sample ({sample}) with a checkpoint "
-                             f"path, got {checkpoint_every!r} (checkpoint {checkpoint!r})")
     opts = RunOptions(progress=progress_bar, desc="Taylor-Green", checkpoint_path=checkpoint, resume=resume,
                       checkpoint_every=every, meta=dict(reynolds=float(reynolds)))
     base = dict(problem="tgv", order=order, elements=list(elements), reynolds=reynolds, nu=nu, dt=dt,
