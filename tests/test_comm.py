@@ -221,3 +221,34 @@ def test_gather_scatter_sends_before_the_local_part():
     assert not any(e.outvars[0] in after_exchange for e in eqns if full_sum(e))  # the local sum needs no message
     back = [e.outvars[0] for e in eqns if e.outvars and e.outvars[0] in after_full_sum and e.outvars[0].aval.size == 3 * L]
     assert back and back[0] not in after_exchange  # nor the copies it goes back to
+
+
+def _fake_comm(*platforms):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(mesh=SimpleNamespace(devices=np.array([SimpleNamespace(platform=p) for p in platforms])))
+
+
+def test_gspmd_scope_only_over_several_gpus(monkeypatch):
+    """Shardy crashes XLA's GPU compiler on sharded Navier–Stokes runs (jax 0.11.2, measured): the
+    scope switches to GSPMD only for a comm over two or more GPUs, restores the setting on the way
+    out (an exception too), and JAXSEM_SHARDY=1 keeps Shardy."""
+    from jaxsem.parallel.comm import gpu_devices, gspmd_on_gpus
+
+    monkeypatch.delenv("JAXSEM_SHARDY", raising=False)
+    before = jax.config.jax_use_shardy_partitioner
+    assert [gpu_devices(c) for c in (_fake_comm("gpu", "gpu"), _fake_comm("gpu"), _fake_comm("cpu", "cpu"),
+                                      Comm())] == [2, 1, 0, 0]
+    with gspmd_on_gpus(_fake_comm("gpu", "gpu", "gpu", "gpu")):
+        assert jax.config.jax_use_shardy_partitioner is False
+    assert jax.config.jax_use_shardy_partitioner == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with gspmd_on_gpus(_fake_comm("gpu", "gpu")):
+            raise RuntimeError("inside")
+    assert jax.config.jax_use_shardy_partitioner == before
+    for c in (_fake_comm("gpu"), _fake_comm("cpu", "cpu"), Comm()):
+        with gspmd_on_gpus(c):
+            assert jax.config.jax_use_shardy_partitioner == before
+    monkeypatch.setenv("JAXSEM_SHARDY", "1")
+    with gspmd_on_gpus(_fake_comm("gpu", "gpu")):
+        assert jax.config.jax_use_shardy_partitioner == before

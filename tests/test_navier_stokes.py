@@ -161,6 +161,34 @@ def test_run_in_chunks_resumes_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(s_b.kinetic_energy, s.kinetic_energy)
 
 
+def test_run_drives_its_steps_inside_the_gpu_partitioner_scope(monkeypatch):
+    """Shardy crashes XLA's GPU compiler on the run's chunk sharded over GPUs (jax 0.11.2): run enters
+    parallel.comm.gspmd_on_gpus with the discretization's transport around the whole drive (where
+    the chunk compiles) and leaves it after."""
+    import contextlib
+
+    ns, st0, *_ = tgv_run()
+    events = []
+
+    @contextlib.contextmanager
+    def scope(comm):
+        events.append(("enter", comm))
+        yield
+        events.append(("exit", None))
+
+    real = NS.runs.driver.drive
+
+    def drive(*a, **k):
+        events.append(("drive", None))
+        return real(*a, **k)
+
+    monkeypatch.setattr(NS.runs, "gspmd_on_gpus", scope)
+    monkeypatch.setattr(NS.runs.driver, "drive", drive)
+    NS.run(ns, st0, 0.1, sample_interval=0.1)
+    assert [e[0] for e in events] == ["enter", "drive", "exit"]
+    assert events[0][1] is ns.sem.comm
+
+
 def test_unstable_runs_are_refused_or_stopped_before_overflow():
     """A start far above the stable step is refused with a Δt that is not; a start at CFL 2.5 or 3.5
     (below max_cfl = 4, past the convection's stability) warns, grows, and stops naming the step,

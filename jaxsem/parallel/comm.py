@@ -23,8 +23,10 @@ collective operations in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
+import os
 
 import jax
 import jax.numpy as jnp
@@ -384,3 +386,36 @@ def sendrecv(sendbuf, recvbuf_template, source: int, dest: int, comm: Comm):
         recvbuf_template = jnp.zeros(shape, dtype)
     sendbuf = jnp.asarray(sendbuf)
     return mpi4jax.sendrecv(sendbuf, recvbuf_template, source, dest, comm=_mpi.world())
+
+
+def gpu_devices(comm) -> int:
+    """How many GPUs ``comm`` (a :class:`ShardComm`) splits the elements over; 0 for any other
+    transport, or devices of another platform."""
+    mesh = getattr(comm, "mesh", None)
+    if mesh is None:
+        return 0
+    devices = np.asarray(mesh.devices).ravel()
+    return int(sum(d.platform == "gpu" for d in devices))
+
+
+@contextlib.contextmanager
+def gspmd_on_gpus(comm):
+    """Compile what runs inside with XLA's GSPMD partitioner when ``comm`` splits the elements
+    over several GPUs; elsewhere nothing changes.
+
+    XLA's GPU compiler (jax 0.11.2) segfaults compiling a Navier–Stokes run sharded over GPUs
+    under the default partitioner, Shardy: in its canonicalization of ``shard_map`` inputs
+    (``ManualComputationUnusedInputsPattern``; docs/gradients.md). The same programs compile
+    and run under GSPMD and equal the one-GPU run (experiments/results/shardy_crash_h200x4.json).
+    A jitted function compiles when first called, so the calls must sit inside this scope.
+    ``JAXSEM_SHARDY=1`` keeps Shardy (to check a newer JAX)."""
+    if gpu_devices(comm) < 2 or os.environ.get("JAXSEM_SHARDY") == "1":
+        yield
+        return
+    before = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", before)
+

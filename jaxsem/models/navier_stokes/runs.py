@@ -14,6 +14,7 @@ import numpy as np
 
 from ...discretization import probes as probes_
 from ...discretization.shard import replicated
+from ...parallel.comm import gspmd_on_gpus
 from ...io.checkpoint import (checkpoint_meta, checkpoint_shapes, load_checkpoint, meta_mismatch, tree_fields,
                              tree_from_fields)
 from ...solvers import driver
@@ -217,9 +218,10 @@ def run(ns: NavierStokes, state: State, t_final: float, *, sample_interval: floa
     if steady_tol is not None:
         col = Series._fields.index("change")
         until = lambda y, m: float(y[1][-(-m // chunk), col]) < steady_tol  # noqa: E731
-    (state, rows), info = driver.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
-                                       args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm, start=start,
-                                       check=check, until=until, names=("state", "series"))
+    with gspmd_on_gpus(ns.sem.comm):  # Shardy crashes compiling these chunks over several GPUs
+        (state, rows), info = driver.drive(_advance_jit, (state, rows), num_steps, dt=dt, t0=t_start, label=label,
+                                           args=(ns, jnp.asarray(chunk)), options=opts, comm=ns.sem.comm,
+                                           start=start, check=check, until=until, names=("state", "series"))
     r = np.array(rows)[:-(-info.step // chunk) + 1]
     r[0, _PER_STEP] = np.nan
     if ns.drive is None:  # the state holds no NaN (the run's finiteness check reads it): marked here

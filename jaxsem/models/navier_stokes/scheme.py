@@ -22,6 +22,7 @@ from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
 from ...mesh.box import Mesh
 from ...mesh.numbering import number_nodes
 from ...operators.tensor import grad_gll, grad_gll_t, interp
+from ...parallel.comm import gpu_devices
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
 from ...solvers.timestepping import Checkpointing, checkpointed_scan
@@ -662,8 +663,9 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
 
     Raises ``NotImplementedError`` for the binomial schedule on a run sharded over several GPUs
     (``setup(devices=...)``): XLA's GPU compiler (jax 0.11.2) crashes the process compiling that
-    gradient (docs/gradients.md). ``JAXSEM_TRY_SHARDED_BINOMIAL=1`` lets it through, to check a
-    newer JAX (``python -m experiments.ns_gradient_compile_check cuda 2 binomial 4``)."""
+    gradient, and under its GSPMD partitioner the gradient came out NaN (docs/gradients.md);
+    ``Checkpointing("sqrt")`` runs there. ``JAXSEM_TRY_SHARDED_BINOMIAL=1`` lets it through, to
+    check a newer JAX (``python -m experiments.ns_gradient_compile_check cuda 2 binomial 4``)."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     _refuse_sharded_binomial_on_gpus(ns.sem.comm, checkpointing)
@@ -678,18 +680,18 @@ def simulate(ns: NavierStokes, state: State, num_steps: int, *, info: bool = Fal
 
 def _refuse_sharded_binomial_on_gpus(comm, checkpointing) -> None:
     """The binomial schedule under ``ShardComm`` over several GPUs: a clear error, not the
-    segmentation fault of XLA's GPU compiler (measured: experiments/results/gpu_checks_session_j_h200x2.json)."""
-    mesh = getattr(comm, "mesh", None)
-    if (not isinstance(checkpointing, Checkpointing) or checkpointing.snapshots is None or mesh is None
+    segmentation fault of XLA's GPU compiler under Shardy, nor the NaN gradient the same program
+    gave under GSPMD at 18³ elements (measured: experiments/results/shardy_crash_h200x4.json)."""
+    if (not isinstance(checkpointing, Checkpointing) or checkpointing.snapshots is None
             or os.environ.get("JAXSEM_TRY_SHARDED_BINOMIAL") == "1"):
         return
-    devices = np.asarray(mesh.devices).ravel()
-    if devices.size > 1 and any(d.platform == "gpu" for d in devices):
+    gpus = gpu_devices(comm)
+    if gpus > 1:
         raise NotImplementedError(
             f"checkpointing=Checkpointing(snapshots={checkpointing.snapshots}) on a run sharded over "
-            f"{devices.size} GPUs: XLA's GPU compiler (jax {jax.__version__}) crashes the process compiling "
-            "this gradient (docs/gradients.md); take it on one GPU, or with Checkpointing() (every step "
-            "kept) over the GPUs")
+            f"{gpus} GPUs: XLA's GPU compiler (jax {jax.__version__}) crashes the process compiling "
+            "this gradient (docs/gradients.md); take it with Checkpointing(\"sqrt\") over the GPUs "
+            "(measured equal to one GPU's), or on one GPU")
 
 
 def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | None = None,
