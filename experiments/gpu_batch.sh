@@ -36,8 +36,8 @@
 #   nsgrad     the gradient through 3,000 Taylor-Green steps at 18^3, p = 7 (binomial:14), FD along nu
 #   nsgradfd   central differences along two random u0 directions at that size (needs nsgrad's JSON)
 #   nsgradgpus the time per gradient over GPUs: NSGRAD_RUNS (default "1:18 2:18 2:23 4:18 4:29", DEVICES:ELEMENTS,
-#              those with at most NGPU devices), NSGRAD_STEPS (1000) Taylor-Green steps, p = 7, binomial:14
-#              (on several GPUs XLA 0.11.2's compiler crashed on it: docs/gradients.md; tried anyway)
+#              those with at most NGPU devices), NSGRAD_STEPS (1000) Taylor-Green steps, p = 7, NSGRAD_SCHEDULE
+#              (sqrt: the binomial schedule is refused over several GPUs, docs/gradients.md)
 #   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
 #              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
 #   tgv36run   NekRS's case end to end (6,667 steps of 3e-3 to t = 20.001, sampled every 0.06, pressure 1e-6,
@@ -169,8 +169,8 @@ if has nsgradgpus; then
   for run in ${NSGRAD_RUNS:-1:18 2:18 2:23 4:18 4:29}; do
     d=${run%%:*} e=${run#*:}
     (( d <= NGPU )) || continue
-    timed nsgradgpus "${e}p7_${d}gpu" 600 "JAXSEM_TRY_SHARDED_BINOMIAL=1 $PY -m experiments.ns_gradient_size --elements $e --order 7 \
-      --steps ${NSGRAD_STEPS:-1000} --schedule binomial:14 --devices $d --skip check --fd 0 \
+    timed nsgradgpus "${e}p7_${d}gpu" 600 "$PY -m experiments.ns_gradient_size --elements $e --order 7 \
+      --steps ${NSGRAD_STEPS:-1000} --schedule ${NSGRAD_SCHEDULE:-sqrt} --devices $d --skip check --fd 0 \
       --out $OUT/ns_gradient_${e}p7_${d}gpu.json"
   done
 fi
