@@ -146,6 +146,9 @@ def build_parser() -> _Parser:
                         "(default 1e-8; NekRS's and Neko's runs use 1e-4 to 1e-6)")
     t.add_argument("--velocity-tol", type=float, default=1e-10, metavar="TOL",
                    help="relative residual of the velocity solves (default 1e-10)")
+    t.add_argument("--pressure-projection", type=int, default=8, metavar="L",
+                   help="start each pressure solve from its projection onto the last L pressure "
+                        "solutions, as NekRS does (default 8; 0: from the extrapolated pressure)")
     t.add_argument("--pmg-dtype", choices=("float64", "float32"), default=None,
                    help="precision of the pressure's p-multigrid V-cycle (default: the solve's, float64)")
     t.add_argument("--checkpoint", metavar="PATH", default=None,
@@ -522,6 +525,8 @@ def validate(parser: _Parser, args) -> None:
                 v, lo = getattr(args, name), min_tol("float64")
                 if not (math.isfinite(v) and lo <= v < 1):
                     fail(f"argument --{name.replace('_', '-')}: must satisfy {lo:.3g} <= tol < 1, got {v}")
+            if not 0 <= args.pressure_projection <= 64:
+                fail(f"argument --pressure-projection: must satisfy 0 <= L <= 64, got {args.pressure_projection}")
             if args.order < 2:
                 fail(f"argument --order: must be >= 2 for Navier-Stokes, got {args.order}")
             if args.out is not None:

@@ -219,7 +219,7 @@ def _dispatch(args, log, quiet: bool):
                              checkpoint_every=args.checkpoint_every, vtu_every=args.vtu_every, progress=log,
                              pmg_dtype=args.pmg_dtype,
                              pressure_tol=args.pressure_tol, velocity_tol=args.velocity_tol,
-                             progress_bar=not quiet and first)
+                             pressure_projection=args.pressure_projection, progress_bar=not quiet and first)
             report = report_tgv
         elif args.problem == "kovasznay":
             from .kovasznay import run_kovasznay

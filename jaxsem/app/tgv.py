@@ -52,7 +52,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             resume: str | None = None, checkpoint_every: float | None = None,
             vtu_every: float | None = None, progress=lambda m: None,
             progress_bar: bool = False, pmg_dtype: str | None = None, pressure_tol: float = 1e-8,
-            velocity_tol: float = 1e-10) -> dict:
+            velocity_tol: float = 1e-10, pressure_projection: int = 8) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
     ``out``: a directory for ``tgv.csv`` and ``tgv.png`` (None: none written; each file written
@@ -66,7 +66,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     ``sample`` (None: every sample); the file is also written at the end and when a signal stops
     the run.
     ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``);
-    ``pressure_tol``, ``velocity_tol``: the solves' relative residuals (:class:`NS.NSOptions`).
+    ``pressure_tol``, ``velocity_tol``: the solves' relative residuals; ``pressure_projection``:
+    the number of past pressure solutions each pressure solve starts from (:class:`NS.NSOptions`).
     """
     every = 1
     if checkpoint_every is not None:  # refused before any set-up
@@ -81,7 +82,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     nu = 1.0 / reynolds
     progress(f"Taylor-Green Re {reynolds:g}: order {order}, {'x'.join(map(str, elements))} elements")
     u0 = flows.taylor_green().velocity
-    options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype), pressure_tol=pressure_tol, velocity_tol=velocity_tol)
+    options = NS.NSOptions(pmg=PMGOptions(dtype=pmg_dtype), pressure_tol=pressure_tol, velocity_tol=velocity_tol,
+                           pressure_projection=pressure_projection)
     ns, dt = setup_at_cfl(lambda step: NS.setup(mesh, nu=nu, dt=step, backend=backend, options=options, **place),
                           u0, dt, cfl, sample)
     st = NS.initial_state(ns, u0)
@@ -92,7 +94,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     base = dict(problem="tgv", order=order, elements=list(elements), reynolds=reynolds, nu=nu, dt=dt,
                 t_final=t_final, dofs=int(np.prod(elements)) * order**3, time_order=ns.options.time_order,
                 dealias=ns.options.dealias, pressure_tol=ns.options.pressure_tol,
-                velocity_tol=ns.options.velocity_tol, backend=ns.sem.backend.name, pmg_dtype=pmg_dtype,
+                velocity_tol=ns.options.velocity_tol, pressure_projection=ns.options.pressure_projection,
+                backend=ns.sem.backend.name, pmg_dtype=pmg_dtype,
                 setup_seconds=setup_seconds, **_where(ns.sem))
     ends = [t_final]
     if vtu_every is not None:

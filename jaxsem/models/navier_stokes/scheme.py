@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ...core import basis
 from ...core import geometry as geo
@@ -75,6 +76,12 @@ class NSOptions:
       relaxation: None, or a :class:`~jaxsem.models.navier_stokes.relaxation.Relaxation`: the
         high-pass-filter relaxation term −χ(I − F)u of Nek's under-resolved runs, explicit
         with the convective term (velocity only).
+      pressure_projection: L ≥ 1 starts each pressure solve from the best approximation, in
+        the pressure operator's norm, of its solution in the span of the last L solutions
+        (projection onto previous solutions, as Nek5000 and NekRS do; the state keeps the L
+        fields and their Gram matrix, which one operator application a step updates); 0 starts
+        it from the pressures of the past levels, extrapolated. Values differ only within the
+        solves' tolerance.
     """
 
     time_order: int = 3
@@ -86,6 +93,7 @@ class NSOptions:
     pmg: multigrid.PMGOptions = multigrid.PMGOptions()
     max_cfl: float = 4.0
     relaxation: Relaxation | None = None
+    pressure_projection: int = 0
 
     def __post_init__(self):
         if isinstance(self.time_order, bool) or self.time_order not in (1, 2, 3):
@@ -108,6 +116,9 @@ class NSOptions:
             raise ValueError(f"NSOptions.max_cfl must be a positive finite number, got {v!r}")
         if self.relaxation is not None and not isinstance(self.relaxation, Relaxation):
             raise TypeError(f"NSOptions.relaxation must be None or a Relaxation, got {self.relaxation!r}")
+        v = self.pressure_projection
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 64:
+            raise ValueError(f"NSOptions.pressure_projection must be an integer in [0, 64], got {v!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -187,7 +198,10 @@ class State:
     ``step: ()`` int32 steps taken; ``t: ()`` time; ``past: ()`` int32 past levels held (the
     next step runs at order min(past + 1, k)); ``T: (k, S, E, n, n, n)`` the S scalars θⁿ,
     θⁿ⁻¹, … and ``FT: (k − 1, S, E, n, n, n)`` their advection terms of the past levels (S = 0:
-    no scalars).
+    no scalars); ``X: (L, E, n, n, n)`` the last L pressure solutions, the span the next pressure
+    solve starts from (L = ``NSOptions.pressure_projection``; 0: none), slot ``i`` the solution
+    of the last step ``m < nx`` with ``m % L == i``, ``G: (L, L)`` their Gram matrix
+    (xᵢ, A xⱼ), ``nx: ()`` int32 the solutions taken (0 in empty slots).
     """
 
     U: jax.Array
@@ -198,6 +212,9 @@ class State:
     past: jax.Array
     T: jax.Array
     FT: jax.Array
+    X: jax.Array
+    G: jax.Array
+    nx: jax.Array
 
     @property
     def u(self):
@@ -455,19 +472,50 @@ def _lift(ns: NavierStokes, s: SEM, t):
     return ns.bc.velocity(s, t)
 
 
-def _pressure_solve(ns: NavierStokes, bp, p0, t, guess=None):
+def _pressure_solve(ns: NavierStokes, bp, p0, t, guess=None, basis=None):
     """(∇q, ∇p) = bp with the pressure data at time ``t`` on the outflow nodes (lifted), or
     pure Neumann (the solution orthogonal to the constants: zero mean), p-multigrid PCG from
-    ``p0``; ``(p, PCGInfo)``; ``guess``: the adjoint solve's (:func:`step`). Rank-local."""
+    ``p0``, or with ``basis = (X, G, nx)`` (:class:`State`) from the projection onto it;
+    ``(p, PCGInfo, basis)``, the basis updated; ``guess``: the adjoint solve's
+    (:func:`step`). Rank-local."""
     o, P = ns.options, ns.pressure
     pb = ns.bc.pressure(P.sem, t)
     if pb is not None:
         bp = bp - P.apply(pb)
+    if basis is not None:
+        p0 = _projection(P, basis, lax.stop_gradient(bp))
     p, info = solve_local(P, bp, x0=P.sem.mask * p0, tol=o.pressure_tol, maxiter=o.pressure_maxiter,
                           adjoint_guess=guess)
+    if basis is not None:
+        basis = _remember(P, basis, lax.stop_gradient(p))
     if P.nullspace:
-        return p - ns.psem.integrate(p) / ns.volume, info
-    return (p if pb is None else p + pb), info
+        p = p - ns.psem.integrate(p) / ns.volume
+    return (p if pb is None else p + pb), info, basis
+
+
+def _projection(P: Helmholtz, basis, b):
+    """x̄: the best approximation, in the A-norm, of the solution of A x = ``b`` in the span of
+    the past solutions ``basis = (X, G, nx)`` (:class:`State`): x̄ = Σ cᵢ xᵢ with G c = (xᵢ, b),
+    solved on the eigenvectors of G above 10⁻¹² of its largest eigenvalue (past solutions are
+    nearly parallel; an empty slot is a zero row)."""
+    X, G, _ = basis
+    g = P.sem.dots([(X[i], b) for i in range(X.shape[0])])
+    lam, V = jnp.linalg.eigh(G)
+    keep = lam > 1e-12 * jnp.max(lam)
+    c = V @ (jnp.where(keep, (V.T @ g) / jnp.where(keep, lam, 1), 0))
+    return jnp.tensordot(c, X, 1)
+
+
+def _remember(P: Helmholtz, basis, x):
+    """The basis with the solution ``x`` in the slot of the oldest one, and its row and column
+    (xᵢ, A x) of the Gram matrix (one operator application)."""
+    X, G, nx = basis
+    L = X.shape[0]
+    j = nx % L
+    X = lax.dynamic_update_index_in_dim(X, x, j, 0)
+    row = P.sem.dots([(X[i], P.apply(x)) for i in range(L)])
+    G = G.at[j, :].set(row).at[:, j].set(row)
+    return jax.tree.map(lax.stop_gradient, (X, G, nx + 1))
 
 
 def _velocity(ns: NavierStokes, h2) -> Helmholtz:
@@ -573,7 +621,9 @@ def _step_local(ns: NavierStokes, st: State, guess=None):
     # the pressure history is one level shorter than the velocity's (no p⁰): EXT of order min(step, k)
     pa = Atab[jnp.clip(jnp.minimum(st.step, st.past) - 1, 0, k - 1)]
     guess = guess or {}
-    p, pinfo = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1), t1, guess.get("p"))
+    basis = (st.X, st.G, st.nx) if o.pressure_projection else None
+    p, pinfo, basis = _pressure_solve(ns, ps.dssum(bp), jnp.tensordot(pa, st.P, 1), t1, guess.get("p"), basis)
+    X, G, nx = basis if basis is not None else (st.X, st.G, st.nx)
 
     # velocity: (β₀/Δt) B u + ν A u = B(Ub + Fx − ∇p), u = u₀ + L
     h2 = beta[0] / dt
@@ -605,7 +655,7 @@ def _step_local(ns: NavierStokes, st: State, guess=None):
     U = jnp.concatenate([u[None], st.U[:-1]])
     P = jnp.concatenate([p[None], st.P[:-1]])
     force = _forces_local(ns, s, V, u, p, Ub + Fx)
-    return (State(U=U, F=F[:-1], P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT),
+    return (State(U=U, F=F[:-1], P=P, step=st.step + 1, t=t1, past=st.past + 1, T=T, FT=FT, X=X, G=G, nx=nx),
             StepInfo(pinfo, vinfo, force, sinfo, drive))
 
 
@@ -726,7 +776,11 @@ def initial_state(ns: NavierStokes, velocity, t0: float = 0.0, past: Callable | 
     step, t, past_ = replicated(s, (np.int32(0), np.asarray(t0, s.x.dtype), np.int32(len(levels) - 1)))
     th = _scalar_start(ns, scalars or {}, t0)
     T = jnp.stack([th] * k)
-    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_, T=T, FT=jnp.zeros_like(T[1:]))
+    L = ns.options.pressure_projection
+    X = s.local_map(lambda s_: jnp.zeros((L,) + s_.mask.shape, s_.x.dtype))  # laid out as the fields
+    G, nx = replicated(s, (np.zeros((L, L), s.x.dtype), np.int32(0)))
+    return State(U=U, F=F, P=jnp.zeros_like(U[:, 0]), step=step, t=t, past=past_, T=T, FT=jnp.zeros_like(T[1:]),
+                 X=X, G=G, nx=nx)
 
 
 def _scalar_start(ns: NavierStokes, given: dict, t0) -> jax.Array:
