@@ -513,7 +513,8 @@ def _remember(P: Helmholtz, basis, x):
     L = X.shape[0]
     j = nx % L
     X = lax.dynamic_update_index_in_dim(X, x, j, 0)
-    row = P.sem.dots([(X[i], P.apply(x)) for i in range(L)])
+    ax = P.apply(x)
+    row = P.sem.dots([(X[i], ax) for i in range(L)])
     G = G.at[j, :].set(row).at[:, j].set(row)
     return jax.tree.map(lax.stop_gradient, (X, G, nx + 1))
 
