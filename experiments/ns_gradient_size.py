@@ -96,29 +96,44 @@ def _compile_and_run(fn, *args, repeats: int = 1):
     return out, compiled, dict(compile_seconds=t_compile, seconds=best, repeats=repeats, **_plan(compiled))
 
 
-def check(elements: int, order: int, dt: float, steps: int, snapshots: int) -> dict:
-    """The schedule's gradient against the plain scan's on a small mesh."""
+def check(elements: int, order: int, dt: float, steps: int, schedule: Checkpointing) -> dict:
+    """The schedule's kind (binomial with 2 states, or chunks of 2 steps, kept where ``schedule``
+    keeps them) against the plain scan's gradient on a small mesh."""
     ns, st0 = _problem(elements, order, dt)
+    small = (Checkpointing(snapshots=2) if schedule.snapshots is not None
+             else Checkpointing(2, offload=schedule.offload))
     g = {}
-    for key, ck in (("plain", Checkpointing()), ("binomial", Checkpointing(snapshots=snapshots))):
+    for key, ck in (("plain", Checkpointing()), ("schedule", small)):
         g[key] = jax.jit(jax.grad(_loss(steps, ck), argnums=(0, 1)))(ns.nu, st0.u, ns, st0)
-    d_nu = abs(float(g["binomial"][0] - g["plain"][0])) / abs(float(g["plain"][0]))
-    d_u = float(jnp.max(jnp.abs(g["binomial"][1] - g["plain"][1])) / jnp.max(jnp.abs(g["plain"][1])))
-    return dict(elements=elements, order=order, steps=steps, snapshots=snapshots, grad_nu_rel_diff=d_nu,
+    d_nu = abs(float(g["schedule"][0] - g["plain"][0])) / abs(float(g["plain"][0]))
+    d_u = float(jnp.max(jnp.abs(g["schedule"][1] - g["plain"][1])) / jnp.max(jnp.abs(g["plain"][1])))
+    return dict(elements=elements, order=order, steps=steps, schedule=repr(small), grad_nu_rel_diff=d_nu,
                 grad_u_rel_diff=d_u)
 
 
 def _schedule(text: str) -> Checkpointing:
-    kind, _, arg = text.partition(":")
-    if kind == "plain":
+    """plain, sqrt, every:C or binomial:S; sqrt:host and every:C:host keep the chunks' start
+    states in the host's memory (``Checkpointing(offload=True)``), sqrt:custom_vjp and
+    every:C:custom_vjp recompute the chunks through the custom VJP on the device."""
+    offload, vjp = text.endswith(":host"), text.endswith(":custom_vjp")
+    kind, _, arg = text.removesuffix(":host").removesuffix(":custom_vjp").partition(":")
+    remat = "custom_vjp" if vjp else "auto"
+    if kind == "plain" and not (offload or vjp):
         return Checkpointing()
     if kind == "sqrt":
-        return Checkpointing("sqrt")
+        return Checkpointing("sqrt", remat, offload=offload)
     if kind == "every":
-        return Checkpointing(int(arg))
-    if kind == "binomial":
+        return Checkpointing(int(arg), remat, offload=offload)
+    if kind == "binomial" and not offload:
         return Checkpointing(snapshots=int(arg))
-    raise ValueError(f"a schedule is plain, sqrt, every:C or binomial:S, got {text!r}")
+    raise ValueError(f"a schedule is plain, sqrt[:host|:custom_vjp], every:C[:host|:custom_vjp] or binomial:S, "
+                     f"got {text!r}")
+
+
+def _host_states(ck: Checkpointing, steps: int) -> int:
+    """States the schedule keeps in the host's memory."""
+    c = ck.chunk(steps)
+    return steps // c if ck.offload and c else 0
 
 
 def plans(elements: int, order: int, dt: float, steps_list, schedules, save_rows=lambda rows: None) -> list:
@@ -150,7 +165,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--dt", type=float, default=1e-3)
     ap.add_argument("--schedule", default="binomial:4", help="the gradient's schedule: plain, sqrt, every:C or "
-                                                              "binomial:S (S states stored)")
+                    "binomial:S (S states stored); sqrt and every:C take :host (states in host memory) "
+                    "or :custom_vjp")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each program; the fastest is reported")
     ap.add_argument("--devices", type=int, default=1, help="devices the run is sharded over (peak: the largest)")
     ap.add_argument("--check-elements", type=int, default=2)
@@ -176,21 +192,23 @@ def main(argv=None):
         res["plans"] = plans(a.elements, a.order, a.dt, a.plan_steps, a.schedules, save_rows=lambda r: (
             res.__setitem__("plans", r), save()))
         return res
+    try:
+        ck = _schedule(a.schedule)
+    except ValueError as e:
+        ap.error(f"--schedule: {e}")
     if "check" not in a.skip:
-        res["check"] = check(a.check_elements, min(a.order, 3), a.dt, a.check_steps, 2)
+        res["check"] = check(a.check_elements, min(a.order, 3), a.dt, a.check_steps, ck)
         print("check", res["check"], flush=True)
         save()
 
     ns, st0 = _problem(a.elements, a.order, a.dt, a.devices)
     state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(st0))
-    try:
-        ck = _schedule(a.schedule)
-    except ValueError as e:
-        ap.error(f"--schedule: {e}")
     res["case"] = dict(flow="taylor_green", reynolds=1600, devices=a.devices, elements=a.elements, order=a.order,
                        points=a.elements**3 * a.order**3, nodes=int(ns.sem.x[0].size), dt=a.dt, steps=a.steps,
                        t_final=a.steps * a.dt, schedule=a.schedule, state_bytes=state_bytes,
-                       recomputed_steps=ck.recomputed_steps(a.steps), peak_bytes_after_setup=_peak())
+                       recomputed_steps=ck.recomputed_steps(a.steps), peak_bytes_after_setup=_peak(),
+                       host_states=_host_states(ck, a.steps),
+                       host_state_bytes=_host_states(ck, a.steps) * state_bytes)
     save()
     fwd = _loss(a.steps, ck)
     value, run_fwd, res["forward"] = _compile_and_run(fwd, ns.nu, st0.u, ns, st0, repeats=a.repeats)

@@ -94,7 +94,8 @@ def test_random_directions_match_central_differences(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpointing", [dict(every="sqrt"), dict(every=3, remat="custom_vjp"), dict(snapshots=2)])
+@pytest.mark.parametrize("checkpointing", [dict(every="sqrt"), dict(every=3, remat="custom_vjp"), dict(every=3, offload=True),
+                                           dict(snapshots=2)])
 def test_checkpointed_gradient_equals_plain(checkpointing):
     """Bounded-memory reverse mode (a segmented scan that recomputes its chunks, the BDF/EXT
     history in the stored state) gives the plain scan's gradient w.r.t. ν and the initial

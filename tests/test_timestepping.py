@@ -1,6 +1,7 @@
 """Explicit RK: empirical orders, stability radii, checkpointed grads."""
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +79,8 @@ def test_both_remat_schedules_equal_the_plain_gradient():
     plain, custom = ts.Checkpointing(), ts.Checkpointing(8, "custom_vjp")
     vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)  # Checkpointing: hashable
     v0, g0 = vg(1.3, Y0, 0.01, plain)
-    for ck in (ts.Checkpointing(8, "checkpoint"), custom, ts.Checkpointing(36, "custom_vjp")):
+    for ck in (ts.Checkpointing(8, "checkpoint"), custom, ts.Checkpointing(36, "custom_vjp"),
+               ts.Checkpointing(8, offload=True)):
         v, g = vg(1.3, Y0, 0.01, ck)
         assert float(v) == pytest.approx(float(v0), rel=1e-14)
         for a, b in zip(g, g0):
@@ -91,6 +93,30 @@ def test_both_remat_schedules_equal_the_plain_gradient():
     assert float(hvp(ts.Checkpointing("sqrt"))) == pytest.approx(float(hvp(plain)), rel=1e-12)
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.jvp(lambda a: loss(a, Y0, 0.01, custom), (1.3,), (1.0,))
+
+
+def test_offload_keeps_the_chunk_states_in_host_memory():
+    """``Checkpointing(offload=True)``: the chunks' start states are stored in the host's memory
+    space in the gradient's program (and nothing is without it), the gradient is the plain loop's, and a
+    bad ``offload`` or one without ``every`` is refused, naming the field."""
+
+    def loss(a, ck):
+        y = ts.integrate(lambda t, y: a * jnp.tanh(A @ y), Y0, 0.01, 37, checkpointing=ck)
+        return jnp.sum(y**2)
+
+    jaxpr = lambda ck: str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(1.3, ck))  # noqa: E731
+    stored = re.findall(r"f64<host>\[(\d+),2\]", jaxpr(ts.Checkpointing(8, offload=True)))
+    assert stored and set(stored) == {"4"}, stored  # 37 steps: 4 chunks of 8 kept on the host
+    assert "<host>" not in jaxpr(ts.Checkpointing(8, "custom_vjp"))
+    g = jax.grad(loss)
+    assert float(g(1.3, ts.Checkpointing("sqrt", offload=True))) == pytest.approx(
+        float(g(1.3, ts.Checkpointing())), rel=1e-12)
+    with pytest.raises(ValueError, match="offload"):
+        ts.Checkpointing(8, offload="yes")
+    with pytest.raises(ValueError, match="offload"):
+        ts.Checkpointing(offload=True)
+    with pytest.raises(ValueError, match="offload"):
+        ts.Checkpointing(snapshots=4, offload=True)
 
 
 @pytest.mark.parametrize("method", ts.METHODS)

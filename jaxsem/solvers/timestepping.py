@@ -240,13 +240,21 @@ class Checkpointing:
         the logarithm of ``num_steps`` at fixed memory. Written as a ``jax.custom_vjp``
         (``remat`` is ignored): reverse mode only, with or without effects. The forward pass
         writes each step's input to the snapshot buffer (one state copy per step).
+      offload: keep the chunks' start states in the host's memory (pinned) instead of the
+        device's (only with ``every``): the device then holds one chunk's residuals and no
+        stored states, so a small ``every`` keeps device memory low at the square-root
+        schedule's time (one recomputed forward run), while the host holds
+        ``num_steps / every`` states. Each chunk copies its start state to the host and back
+        once. Reverse mode only (the ``"custom_vjp"`` form, whatever ``remat`` says).
 
-    Raises ``ValueError`` naming the field for a bad ``every``, ``remat`` or ``snapshots``.
+    Raises ``ValueError`` naming the field for a bad ``every``, ``remat``, ``snapshots`` or
+    ``offload``.
     """
 
     every: int | str | None = None
     remat: str = "auto"
     snapshots: int | None = None
+    offload: bool = False
 
     def __post_init__(self):
         every = self.every
@@ -263,6 +271,12 @@ class Checkpointing:
             if every is not None:
                 raise ValueError(f"Checkpointing takes every or snapshots, not both (every={every!r}, snapshots={s!r})")
             object.__setattr__(self, "snapshots", int(s))
+        if not isinstance(self.offload, (bool, np.bool_)):
+            raise ValueError(f"Checkpointing.offload must be True or False, got {self.offload!r}")
+        object.__setattr__(self, "offload", bool(self.offload))
+        if self.offload and every is None:
+            raise ValueError("Checkpointing.offload=True needs every (an int or 'sqrt'): it moves the chunks' "
+                             f"start states to the host (every={every!r}, snapshots={s!r})")
 
     def recomputed_steps(self, num_steps: int) -> int:
         """Steps the reverse pass recomputes (beyond the forward run's ``num_steps`` and the
@@ -387,12 +401,12 @@ def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpoi
     nchunk, rest = divmod(num_steps, c)
     ms = steps[: nchunk * c].reshape(nchunk, c)
     chunk = lambda y, ms: jax.lax.scan(one, y, ms)  # noqa: E731
-    if remat == "checkpoint" or (remat == "auto" and not effects):
+    if not checkpointing.offload and (remat == "checkpoint" or (remat == "auto" and not effects)):
         y, obs = jax.lax.scan(jax.checkpoint(chunk), y0, ms)
     else:
         # The chunk as a function of its closed-over parameters too (ε, dt, …), traced once.
         conv, consts = jax.closure_convert(chunk, y0, ms[0])
-        y, obs = _segmented(conv, y0, ms, *consts)
+        y, obs = _segmented(conv, checkpointing.offload, y0, ms, *consts)
     obs = jax.tree_util.tree_map(lambda o: o.reshape((nchunk * c,) + o.shape[2:]), obs)
     if rest:
         y, obs2 = jax.lax.scan(one, y, steps[nchunk * c:])
@@ -400,28 +414,36 @@ def checkpointed_scan(one: Callable, y0, num_steps: int, checkpointing: Checkpoi
     return y, obs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _segmented(chunk, y0, ms, *consts):
-    """``lax.scan`` of ``chunk(y, ms[k], *consts) -> (y, obs)`` over the chunks ``ms: (K, c)``."""
+def _to_memory(tree, space):
+    return jax.tree_util.tree_map(lambda a: jax.device_put(a, space), tree)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _segmented(chunk, offload, y0, ms, *consts):
+    """``lax.scan`` of ``chunk(y, ms[k], *consts) -> (y, obs)`` over the chunks ``ms: (K, c)``;
+    reverse mode keeps the chunks' start states, in the host's memory if ``offload``."""
     return jax.lax.scan(lambda y, m: chunk(y, m, *consts), y0, ms)
 
 
-def _segmented_fwd(chunk, y0, ms, *consts):
+def _segmented_fwd(chunk, offload, y0, ms, *consts):
     def body(y, m):
         y1, obs = chunk(y, m, *consts)
-        return y1, (y, obs)  # keep the chunk's start state, nothing of its inside
+        # keep the chunk's start state, nothing of its inside
+        return y1, (_to_memory(y, jax.memory.Space.Host) if offload else y, obs)
 
     y, (starts, obs) = jax.lax.scan(body, y0, ms)
     return (y, obs), (starts, ms, consts)
 
 
-def _segmented_bwd(chunk, res, ct):
+def _segmented_bwd(chunk, offload, res, ct):
     starts, ms, consts = res
     ybar, obsbar = ct
 
     def body(carry, xs):
         ybar, cbar = carry
         y, m, ob = xs
+        if offload:
+            y = _to_memory(y, jax.memory.Space.Device)
         # recompute this chunk (its residuals live only during this iteration) and pull back
         _, pull = jax.vjp(lambda y, cs: chunk(y, m, *cs), y, consts)
         ybar, cs_bar = pull((ybar, ob))
