@@ -129,6 +129,8 @@ BAD = [
     (["solve", "tgv", "--order", "1"], "--order"),
     (["solve", "tgv", "--pressure-tol", "0"], "--pressure-tol"),
     (["solve", "tgv", "--velocity-tol", "1"], "--velocity-tol"),
+    (["solve", "tgv", "--pressure-projection", "-1"], "--pressure-projection"),
+    (["solve", "tgv", "--pressure-projection", "65"], "--pressure-projection"),
     (["solve", "tgv", "--resume", "/nonexistent/ckpt.npz"], "--resume"),
     (["solve", "tgv", "--elements", "1000"], "--elements"),
     (["solve", "tgv", "--vtu-every", "0.2"], "--vtu-every"),  # needs --vtu
