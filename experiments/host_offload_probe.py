@@ -13,24 +13,13 @@ scan reads (b), (c) or (d) back and reduces it. Times are the best of three comp
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
-from experiments.common import record, write_json
+from experiments.common import best_seconds, record, write_json
 
 jax.config.update("jax_enable_x64", True)
-
-
-def _best(fn, *args, repeats=3):
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def main(argv=None):
@@ -69,13 +58,13 @@ def main(argv=None):
 
     res = dict(record("host_offload_probe"), case=dict(elements=a.elements, order=a.order, leaves=a.leaves,
                                                        steps=a.steps, state_bytes=state_bytes), rows=[])
-    base = _best(store("none"), y0)
+    base = best_seconds(store("none"), y0)
     res["rows"].append(dict(store="none", seconds=base))
     for where in ("device", "host", "host_flat"):
         f = store(where)
-        t = _best(f, y0)
+        t = best_seconds(f, y0)
         _, ys = f(y0)
-        tl = _best(load(where), ys)
+        tl = best_seconds(load(where), ys)
         del ys
         extra = t - base
         res["rows"].append(dict(store=where, seconds=t, extra_seconds_per_step=extra / a.steps,
