@@ -84,16 +84,17 @@ def _plan(compiled) -> dict:
 
 def _compile_and_run(fn, *args, repeats: int = 1):
     """Compile ``fn`` apart, then run it ``repeats`` times: ``(out, compiled, row)``, the row's
-    ``seconds`` the fastest run."""
+    ``seconds`` the fastest run and ``all_seconds`` every run's, in order."""
     t = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     t_compile = time.perf_counter() - t
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         t = time.perf_counter()
         out = jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t)
-    return out, compiled, dict(compile_seconds=t_compile, seconds=best, repeats=repeats, **_plan(compiled))
+        times.append(time.perf_counter() - t)
+    return out, compiled, dict(compile_seconds=t_compile, seconds=min(times), all_seconds=times, repeats=repeats,
+                               **_plan(compiled))
 
 
 def check(elements: int, order: int, dt: float, steps: int, schedule: Checkpointing) -> dict:
