@@ -35,6 +35,7 @@ import jaxsem as js
 from jaxsem.models import flows
 from jaxsem.elliptic import solve_local
 from jaxsem.models import navier_stokes as NS
+from jaxsem.solvers import multigrid
 
 from experiments.common import Placements, Results, add_transport_args, best_seconds
 
@@ -79,11 +80,12 @@ def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions()):
     p = mesh.order
     return dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
                 pressure_tol=options.pressure_tol, velocity_tol=options.velocity_tol,
+                cycle_dtype=str(options.pmg.dtype or "float64"),
                 points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
                 convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
                 pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
                 dssum_ms=1e3 * t_gs, pressure_iterations=int(info.pressure.iterations),
-                velocity_iterations=int(info.velocity.iterations),
+                velocity_iterations=int(info.velocity.iterations), compact_affine=ns.sem.affine is not None,
                 kinetic_energy=float(NS.diagnostics(ns, st).kinetic_energy))
 
 
@@ -97,8 +99,16 @@ def main(argv=None):
     ap.add_argument("--pressure-tol", type=float, default=NS.NSOptions.pressure_tol)
     ap.add_argument("--velocity-tol", type=float, default=NS.NSOptions.velocity_tol)
     add_transport_args(ap)
+    ap.add_argument("--cycle-dtype", choices=["float64", "float32"], default="float64",
+                    help="the pressure V-cycle's precision (float32: NekRS's mixed-precision multigrid)")
+    ap.add_argument("--full-factors", action="store_true",
+                    help="the CUDA backend reads the full geometric factors on affine meshes too (the "
+                         "previous kernels, for a before/after measurement)")
     ap.add_argument("--out", default="ns_step_time.json")
     a = ap.parse_args(argv)
+    if a.full_factors:
+        from jaxsem.backends import CudaBackend
+        CudaBackend.compact_affine = False
     at = Placements(a, ap)
     counts, rank, processes = at.counts, at.rank, at.processes
     rows = Results(a.out, "ns_step_time", write=rank == 0)
@@ -106,7 +116,8 @@ def main(argv=None):
         mesh = js.box_mesh(K, a.order, lengths=(2 * np.pi,) * 3, origin=(-np.pi,) * 3, periodic=(True,) * 3)
         for P, where in ((P, at.where(P)) for P in counts):
             r = case(mesh, K, a.dt, a.steps, a.backend, where,
-                     NS.NSOptions(pressure_tol=a.pressure_tol, velocity_tol=a.velocity_tol))
+                     NS.NSOptions(pressure_tol=a.pressure_tol, velocity_tol=a.velocity_tol,
+                                  pmg=multigrid.PMGOptions(dtype=None if a.cycle_dtype == "float64" else "float32")))
             r.update(ranks=P, processes=processes, points_per_rank=r["points"] / P)
             rows.append(r)
             if rank == 0:

@@ -62,7 +62,7 @@ def _element_apply(sem: SEM, u, h1, h2):
     w = 0.0
     if not _is_zero(h1):
         c, h = _split(h1)
-        w = _scaled(c, k.stiffness_gll(u, sem.D, g.G, h) if sem.quadrature == "gll"
+        w = _scaled(c, k.stiffness_gll(u, sem.D, sem.stiffness_factors, h) if sem.quadrature == "gll"
                     else k.stiffness(u, sem.J, sem.Dt, g.G, h))
     if not _is_zero(h2):
         c, h = _split(h2)
@@ -103,7 +103,7 @@ def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
 
         def apply(s, x):
             if s.quadrature == "gll":
-                y = s.backend.stiffness_gll_assembled(x, s.assembled.idx, s.D, s.geom.G, h)
+                y = s.backend.stiffness_gll_assembled(x, s.assembled.idx, s.D, s.stiffness_factors, h)
             else:
                 y = s.backend.stiffness_assembled(x, s.assembled.idx, s.J, s.Dt, s.geom.G, h)
             return _scaled(c, assembled.assemble(s.assembled, y))

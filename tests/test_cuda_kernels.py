@@ -573,3 +573,57 @@ def test_convection_equal_to_einsum(order, m):
     g = jax.grad(lambda u, B: jnp.sum(ck.convection_cuda(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
     g_ref = jax.grad(lambda u, B: jnp.sum(advection_local(c, u, J, Dd, B) ** 2), (0, 1))(u, Brx)
     assert all(rel(a, b) < 1e-12 for a, b in zip(g, g_ref))
+
+
+@gpu
+@pytest.mark.parametrize("op", ["bk5", "bk5a"])
+@pytest.mark.parametrize("order", [3, 7])
+def test_compact_affine_factors_equal_the_full_ones(monkeypatch, op, order):
+    """On an affine mesh the kernels given the compact factors ``(6, E, 1, 1, 1)`` (recomputing
+    G from the weights) equal the reference with the full factors, in every element variant,
+    one and three components, with h₁ a scalar, per element and per node (expanded)."""
+    from jaxsem.backends import EINSUM
+    from jaxsem.operators.stiffness import affine_factors
+
+    sem = poisson.bp_discretize(box_mesh((3, 2, 2), order, lengths=(1.0, 2.0, 0.5)), 5, backend="einsum")
+    c, G, a = affine_factors(sem.geom.G), sem.geom.G, sem.assembled
+    assert c is not None
+    E, n = sem.num_elements, order + 1
+    hs = (None, 0.7, 1.0 + jnp.arange(E, dtype=float).reshape(E, 1, 1, 1),
+          1.0 + jax.random.uniform(jax.random.PRNGKey(1), (E, n, n, n)))
+    for variant in ck.VARIANTS[op]:
+        if variant not in (2, 4, 5, 6, 7):
+            continue
+        for comps in (1, 3):
+            monkeypatch.setitem(ck.TUNING, (op, n, comps > 1, "float64"), (variant, False))
+            lead = (comps,) if comps > 1 else ()
+            if op == "bk5":
+                x = jax.random.normal(jax.random.PRNGKey(order), lead + sem.mask.shape)
+                fused = lambda x, h: ck.stiffness_gll_cuda(x, sem.D, c, h)
+                ref = lambda x, h: EINSUM.stiffness_gll(x, sem.D, G, h)
+            else:
+                x = jax.random.normal(jax.random.PRNGKey(order), lead + (a.size,))
+                fused = lambda x, h: ck.stiffness_gll_assembled_cuda(x, a.idx, sem.D, c, h)
+                ref = lambda x, h: EINSUM.stiffness_gll_assembled(x, a.idx, sem.D, G, h)
+            for h in hs:
+                got, want = fused(x, h), ref(x, h)
+                err = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+                assert err < 1e-13, (variant, comps, None if h is None else jnp.shape(h), err)
+    dx = jax.random.normal(jax.random.PRNGKey(9), x.shape)
+    t_got = jax.jvp(lambda x: fused(x, 0.7), (x,), (dx,))[1]
+    np.testing.assert_allclose(t_got, ref(dx, 0.7), rtol=1e-12, atol=1e-12 * float(jnp.max(jnp.abs(t_got))))
+
+
+@gpu
+def test_cuda_backend_takes_the_compact_factors_on_affine_meshes():
+    """``backend="cuda"`` keeps the compact factors on a box and solves as the reference; a
+    deformed mesh keeps the full ones."""
+    mesh = box_mesh((3, 2, 2), 3)
+    cu, ref = (poisson.bp_discretize(mesh, 5, backend=b) for b in ("cuda", "einsum"))
+    assert cu.affine is not None and ref.affine is None
+    assert poisson.bp_discretize(box_mesh((3, 2, 2), 3, deform=0.1), 5, backend="cuda").affine is None
+    B = ref.geom.B
+    f = 1.0 + 0.5 * jnp.cos(jnp.arange(B.size).reshape(B.shape))
+    (uc, ic), (ur, ir) = (poisson.solve(s, f, 1.0, 0.5, tol=1e-12) for s in (cu, ref))
+    assert bool(ic.converged) and abs(int(ic.iterations) - int(ir.iterations)) <= 1
+    assert float(jnp.max(jnp.abs(uc - ur)) / jnp.max(jnp.abs(ur))) < 1e-10

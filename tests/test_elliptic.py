@@ -174,3 +174,56 @@ def test_source_compares_by_topology_not_coordinates():
     d = js.discretize(js.box_mesh((3, 3, 3), 3)).source
     assert a == b and hash(a) == hash(b)
     assert a != c and a != d
+
+
+# --- the compact geometric factors of affine elements ---------------------------------------
+
+def test_affine_factors_are_the_constants_of_affine_elements_only():
+    """On a box of affine elements G = c ⊙ w⊗w⊗w to round-off, and every form of h₁ gives the
+    operator of the full factors; a deformed mesh has no compact form."""
+    import importlib
+
+    st = importlib.import_module("jaxsem.operators.stiffness")  # the module (the package exports a function of that name)
+    order = 4
+    sem = js.discretize(js.box_mesh((3, 2, 2), order, lengths=(1.0, 2.0, 0.5)), backend="einsum")
+    G = sem.geom.G
+    c = st.affine_factors(G)
+    assert c is not None and c.shape == (6, sem.num_elements, 1, 1, 1) and st.is_compact(c)
+    full = st.full_factors(c, order + 1)
+    assert float(jnp.max(jnp.abs(full - G)) / jnp.max(jnp.abs(G))) < 1e-14
+    assert float(jnp.max(jnp.abs(c[1:3]))) < 1e-14 * float(jnp.max(jnp.abs(c)))  # axis-aligned: no rs, rt
+    u = jax.random.normal(jax.random.PRNGKey(0), (2,) + sem.mask.shape)
+    E, n = sem.num_elements, order + 1
+    for h1 in (None, 0.7, 1.0 + jnp.arange(E, dtype=float).reshape(E, 1, 1, 1),
+               1.0 + jax.random.uniform(jax.random.PRNGKey(1), (E, n, n, n))):
+        want = st.stiffness_gll(u, sem.D, G, h1)
+        got = st.stiffness_gll(u, sem.D, st.with_coefficient(c, h1, n))
+        assert float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want))) < 1e-13, h1
+    assert st.is_compact(st.with_coefficient(c, 0.5, n)) and not st.is_compact(
+        st.with_coefficient(c, jnp.ones((E, n, n, n)), n))
+    curved = js.discretize(js.box_mesh((3, 2, 2), order, deform=0.1), backend="einsum")
+    assert st.affine_factors(curved.geom.G) is None
+
+
+def test_backends_with_compact_factors_solve_as_the_reference():
+    """The emulated backend (the CUDA backend's choices, einsum values) takes the compact factors
+    on an affine mesh and only there; its solve and gradient equal the reference's."""
+    from jaxsem.backends import EMULATED
+
+    mesh = js.box_mesh((3, 2, 2), 3)
+    ref = poisson.bp_discretize(mesh, 5, backend="einsum")
+    emu = poisson.bp_discretize(mesh, 5, backend=EMULATED)
+    assert ref.affine is None and emu.affine is not None and emu.affine.shape == (6, 12, 1, 1, 1)
+    assert emu.stiffness_factors is emu.affine and ref.stiffness_factors is ref.geom.G
+    assert poisson.bp_discretize(js.box_mesh((3, 2, 2), 3, deform=0.1), 5, backend=EMULATED).affine is None
+    assert emu.with_coordinates(emu.x * 1.1).affine is None  # moved nodes: the factors are recomputed in full
+    x = jax.random.normal(jax.random.PRNGKey(2), (ref.assembled.size,))
+    for h1, h2 in ((1.0, 0.0), (0.3, 2.0)):
+        want = elliptic.global_operator(ref, h1, h2)(x)
+        got = elliptic.global_operator(emu, h1, h2)(x)
+        assert float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want))) < 1e-13
+    ms = poisson.manufactured(5)
+    loss = lambda s: lambda f: jnp.sum(poisson.solve(s, f, 1.0, 0.5, tol=1e-12)[0] ** 2)
+    f = ms.f(*ref.geom.xq) if callable(ms.f) else ms.f
+    g_ref, g_emu = jax.grad(loss(ref))(f), jax.grad(loss(emu))(f)
+    assert float(jnp.max(jnp.abs(g_emu - g_ref)) / jnp.max(jnp.abs(g_ref))) < 1e-10

@@ -65,6 +65,10 @@ class Backend:
     transposable: ClassVar[bool] = True
     #: Gather–scatter layout on one device: ``"segment"`` sums or the CUDA gather kernel (``"csr"``).
     gs_layout: ClassVar[str] = "segment"
+    #: Whether the collocated stiffness operators get the compact affine factors
+    #: ``(6, E, 1, 1, 1)`` on meshes of affine elements (:attr:`jaxsem.SEM.affine`); the
+    #: reference reads the factors it computed.
+    compact_affine: ClassVar[bool] = False
 
     def mass(self, u, J, B, h=None):
         """:func:`jaxsem.operators.mass.mass`: ``Jᵀ⊗Jᵀ⊗Jᵀ (hB ⊙ J⊗J⊗J u)``."""
@@ -142,10 +146,12 @@ class EmulatedBackend(FusedDG, _LocalKernels, Backend):
     The DG right-hand sides and the Navier–Stokes convective term take the fused path exactly
     where :class:`CudaBackend` does (the same primitives, transpose and material-adjoint rules,
     halo correction), each kernel's value computed by the einsum local operator: tests of that
-    path need no GPU. The SEM operators are the einsum reference's.
+    path need no GPU. The SEM operators are the einsum reference's, given the compact
+    affine factors where the CUDA backend would get them.
     """
 
     name: ClassVar[str] = "emulated"
+    compact_affine: ClassVar[bool] = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +159,8 @@ class CudaBackend(FusedDG, Backend):
     """Hand-written CUDA kernels through the XLA FFI (:mod:`jaxsem.backends.cuda`).
 
     Overrides the SEM operators (one launch per application; tangents the einsum reference's,
-    no transpose: solvers differentiate them through a custom rule), the single-device
+    no transpose: solvers differentiate them through a custom rule; on affine meshes BK5/BK6
+    recompute the geometric factors from six constants per element), the single-device
     gather–scatter (one gather kernel) and the DG kernels of :class:`FusedDG`; inherits the rest
     (the Maxwell split form on curved meshes) from :class:`Backend`.
     """
@@ -161,6 +168,7 @@ class CudaBackend(FusedDG, Backend):
     name: ClassVar[str] = "cuda"
     transposable: ClassVar[bool] = False
     gs_layout: ClassVar[str] = "csr"
+    compact_affine: ClassVar[bool] = True
 
     def mass(self, u, J, B, h=None):
         return cuda.mass_cuda(u, J, B, h)

@@ -36,10 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from ..core import basis
 from ..operators.convection import advection_local
 from ._fused_dg import _batch_by_map, _symbolic
 from ..operators.mass import mass
-from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
+from ..operators.stiffness import (is_compact, stiffness, stiffness_assembled, stiffness_gll,
+                                   stiffness_gll_assembled, with_coefficient)
 from ._cuda_build import (DEFAULT, DERIVATIVE_OPS, MAX_N, OPS, PREFETCH_L2, SOURCE, TUNING, VARIANTS, _attr,
                           _ffi_target, build, cuda_available, cuda_supported, defaults, libraries)
 from ._cuda_build import _cached  # noqa: F401  (the cache's path, read by tests/test_kernel_cache.py)
@@ -70,7 +72,7 @@ def _dq(J, Dt):
 
 def _reference(op, u, M1, M2, data):
     if op == "bk5":
-        return stiffness_gll(u, M1, data)
+        return stiffness_gll(u, M2, data)
     if op == "mass":
         return mass(u, M1, data)
     return stiffness(u, M1, M2, data)
@@ -102,33 +104,53 @@ def _entry(name, op, u, J) -> int:
     return attr
 
 
+# Bit of the FFI attribute "variant": G is the compact affine form and D carries the GLL weights
+# (csrc/sem_kernels.cu: bk5_element_kernel's AFF); the element variants only.
+AFFINE = 128
+_ELEMENT_VARIANTS = (2, 4, 5, 6, 7)
+
+
+def _affine_operands(attr: int, D, n: int):
+    """For compact affine factors: the attribute with bit :data:`AFFINE` (an element variant:
+    the table's where it is one, else 2) and the kernel's ``D`` operand, D then the weights."""
+    v = attr & ~PREFETCH_L2
+    if v not in _ELEMENT_VARIANTS:
+        attr = (attr & PREFETCH_L2) | 2
+    w = jnp.asarray(basis.gll_points(n - 1)[1], D.dtype)
+    return attr | AFFINE, jnp.concatenate([D.reshape(-1), w])
+
+
 def stiffness_gll_cuda(u, D, G, h1=None):
     """BK5/BK6 ``w = Σ_ab D_aᵀ h₁G_ab D_b u`` on GLL points (same result as :func:`stiffness_gll`).
 
-    ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)``; ``h1`` folded into G.
-    The kernel: :func:`defaults` ``("bk5", u)``.
+    ``u: (..., E, n, n, n)``, ``D: (n, n)``, ``G: (6, E, n, n, n)`` or the compact affine
+    ``(6, E, 1, 1, 1)`` (then the kernel recomputes the factors from the weights instead of
+    reading them); ``h1`` folded into G. The kernel: :func:`defaults` ``("bk5", u)``.
     """
     attr = _entry("stiffness_gll_cuda", "bk5", u, None)
-    if h1 is not None:
-        G = G * h1
+    n = u.shape[-1]
+    G = with_coefficient(G, h1, n).astype(u.dtype)
     D = D.astype(u.dtype)
-    return _apply(u, D, D, G.astype(u.dtype), "bk5", attr)
+    Dk = D
+    if is_compact(G):
+        attr, Dk = _affine_operands(attr, D, n)
+    return _apply(u, Dk, D, G, "bk5", attr)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _apply_assembled(x, idx, D, G, attr):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _apply_assembled(x, idx, Dk, D, G, attr):  # Dk: the kernel's D operand (with the weights if affine)
     x2 = x.reshape((-1, x.shape[-1]))
     call = jax.ffi.ffi_call(_ffi_target("bk5a", x.dtype, idx.shape[-1]), jax.ShapeDtypeStruct(x2.shape, x2.dtype),
                             vmap_method="sequential")
-    return call(x2, idx, D, G, variant=np.int32(attr)).reshape(x.shape)
+    return call(x2, idx, Dk, G, variant=np.int32(attr)).reshape(x.shape)
 
 
 @_apply_assembled.defjvp
 def _apply_assembled_jvp(attr, primals, tangents):
-    x, idx, D, G = primals
-    dx, _, dD, dG = tangents
+    x, idx, Dk, D, G = primals
+    dx, _, _, dD, dG = tangents
     _, dw = jax.jvp(lambda x, D, G: stiffness_gll_assembled(x, idx, D, G), (x, D, G), (dx, dD, dG))
-    return _apply_assembled(x, idx, D, G, attr), dw
+    return _apply_assembled(x, idx, Dk, D, G, attr), dw
 
 
 def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
@@ -136,8 +158,9 @@ def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
 
     ``x: (..., nf)`` one value per global node; ``idx: (E, n, n, n)`` int32, the global node of
     each local node (``nf`` or more: a Dirichlet node, read as 0 and never written);
-    ``D: (n, n)``, ``G: (6, E, n, n, n)``. Returns ``(..., nf)``. The kernel adds element
-    outputs with atomics, so the last bits of a result may differ from run to run.
+    ``D: (n, n)``, ``G: (6, E, n, n, n)`` or the compact affine ``(6, E, 1, 1, 1)`` (as for
+    :func:`stiffness_gll_cuda`). Returns ``(..., nf)``. The kernel adds element outputs with
+    atomics, so the last bits of a result may differ from run to run.
     """
     n = idx.shape[-1]
     if x.dtype not in (jnp.float32, jnp.float64) or idx.dtype != jnp.int32 or idx.ndim != 4 or not 2 <= n <= MAX_N:
@@ -148,9 +171,12 @@ def stiffness_gll_assembled_cuda(x, idx, D, G, h1=None):
                          f"(backend here: {jax.default_backend()}); use backend='einsum'")
     u_like = jax.ShapeDtypeStruct(x.shape[:-1] + idx.shape, x.dtype)
     attr = _attr("bk5a", u_like)
-    if h1 is not None:
-        G = G * h1
-    return _apply_assembled(x, idx, D.astype(x.dtype), G.astype(x.dtype), attr)
+    G = with_coefficient(G, h1, n).astype(x.dtype)
+    D = D.astype(x.dtype)
+    Dk = D
+    if is_compact(G):
+        attr, Dk = _affine_operands(attr, D, n)
+    return _apply_assembled(x, idx, Dk, D, G, attr)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))

@@ -25,6 +25,7 @@ from .gather_scatter import GatherScatter, gs_apply, make_gs, make_gs_distribute
 from ..mesh.box import Mesh
 from ..mesh.numbering import Numbering, face_ids, face_slice, number_nodes
 from ..mesh.partition import partition_mesh
+from ..operators.stiffness import affine_factors
 
 __all__ = ["SEM", "discretize", "with_dirichlet", "group_indicator", "memory_bytes", "STORAGES"]
 
@@ -55,6 +56,11 @@ class SEM(Discretization):
         their Krylov vectors with one value per node (per rank's node when distributed, the
         interface nodes on each of their ranks); None (``storage="local"``): they keep
         E-vectors.
+      affine: ``(6, E, 1, 1, 1)`` where every element is affine, the backend wants it
+        (:attr:`jaxsem.backends.Backend.compact_affine`) and the operator's points are the GLL
+        points: the geometric factors as constants, ``G = affine ⊙ w⊗w⊗w``
+        (:func:`jaxsem.operators.stiffness.affine_factors`); else None. The element operators
+        take :attr:`stiffness_factors`.
       source: static :class:`~jaxsem.discretization.base.Source`, the mesh and partition it
         was built from (for :func:`jaxsem.discretization.coarsen`).
       dirichlet: static, where the mask is 0: ``True`` every boundary face, ``False`` none, or
@@ -84,6 +90,12 @@ class SEM(Discretization):
     assembled: Assembled | None = None
     source: Source | None = dataclasses.field(metadata=dict(static=True), default=None)
     dirichlet: bool | tuple = dataclasses.field(metadata=dict(static=True), default=True)
+    affine: jax.Array | None = dataclasses.field(default=None, metadata=dict(pad=0))
+
+    @property
+    def stiffness_factors(self):
+        """The factors the stiffness operators take: :attr:`affine` where set, else ``geom.G``."""
+        return self.geom.G if self.affine is None else self.affine
 
     @property
     def weight(self):
@@ -114,7 +126,7 @@ class SEM(Discretization):
         else:
             wg = jnp.asarray(basis.gll_points(self.order)[1], x.dtype)
             bmass = geo.factors(x, jnp.eye(self.n, dtype=x.dtype), self.D, wg, True).B
-        return dataclasses.replace(self, x=x, geom=geom, bmass=bmass)
+        return dataclasses.replace(self, x=x, geom=geom, bmass=bmass, affine=None)
 
     def with_mask(self, mask, dirichlet) -> "SEM":
         """The same discretization with Dirichlet nodes where ``mask: (E, n, n, n)`` is 0 (a
@@ -240,6 +252,7 @@ def discretize(
     geom = geo.geometric_factors(x, quad)
     gll = geom if quad.collocated else geo.geometric_factors(x, geo.quadrature(mesh.order, "gll"))
     cast = lambda a: jnp.asarray(a, dtype)
+    affine = affine_factors(geom.G) if kernels.compact_affine and quad.collocated else None
     return SEM(
         x=cast(x),
         D=cast(geo.quadrature(mesh.order, "gll").Dt),
@@ -259,6 +272,7 @@ def discretize(
         assembled=assembled,
         source=Source(mesh, part if comm.size > 1 else None),
         dirichlet=dirichlet,
+        affine=None if affine is None else cast(affine),
     )
 
 

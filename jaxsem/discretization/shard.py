@@ -97,6 +97,8 @@ def distribute(build_rank: Callable, mesh, devices, partition=None, pad_extra: C
     P = dmesh.devices.size
     part = _partition(mesh, P, partition)
     parts = [build_rank(Comm(rank=r, size=P), part) for r in range(P)]
+    if any(getattr(p, "affine", None) is None for p in parts):  # the compact factors on every rank or none
+        parts = [dataclasses.replace(p, affine=None) if getattr(p, "affine", None) is not None else p for p in parts]
     comm = ShardComm(axis_name=dmesh.axis_names[0], size=P, mesh=dmesh)
     sizes = _sizes(parts)
     padded = [_pad(p, sizes, comm) for p in parts]

@@ -3,10 +3,18 @@
 A_e u = Σ_ab D_aᵀ (h₁ G_ab) D_b u with the six symmetric factors
 ``G: (6, E, q, q, q)`` in the order rr, rs, rt, ss, st, tt (geometry.py).
 BK3/BK4 use q = N + 2 Gauss points, BK5/BK6 the collocated GLL points.
+
+On the GLL points of affine elements the factors are constants times the weights:
+``G = c ⊙ (w⊗w⊗w)`` with ``c: (6, E, 1, 1, 1)``. The collocated operators take that compact
+``c`` in place of ``G`` (:func:`affine_factors`; :func:`full_factors` expands it), so a kernel
+need not read 6 values per node.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from ..core import basis
 
 from .mass import mass, mass_diagonal
 from .tensor import grad_gll, grad_gll_t, grad_ref, grad_ref_t, interp_t
@@ -21,14 +29,56 @@ def _apply_G(G, ur, us, ut, h1):
     return wr, ws, wt
 
 
+def is_compact(G) -> bool:
+    """Whether ``G`` is the compact affine form ``(6, E, 1, 1, 1)`` (:func:`affine_factors`)."""
+    return G.shape[-3:] == (1, 1, 1)
+
+
+def gll_weights3(n: int, dtype) -> jax.Array:
+    """``w⊗w⊗w: (n, n, n)``, the products of the ``n`` GLL weights (a constant)."""
+    w = basis.gll_points(n - 1)[1]
+    return jnp.asarray(np.einsum("k,j,i->kji", w, w, w), dtype)
+
+
+def full_factors(G, n: int):
+    """The factors ``(6, E, n, n, n)`` on the GLL points: ``G`` itself, or the compact affine
+    ``c: (6, E, 1, 1, 1)`` times ``w⊗w⊗w``."""
+    return G * gll_weights3(n, G.dtype) if is_compact(G) and n > 1 else G
+
+
+def affine_factors(G, rtol: float = 1e-12):
+    """The compact form ``c: (6, E, 1, 1, 1)`` of GLL factors ``G: (6, E, n, n, n)`` (concrete)
+    when every element's factors are constants times ``w⊗w⊗w`` (affine elements) to ``rtol``
+    of the largest; else None. Computed where ``G`` lives; one number comes to the host."""
+    n = G.shape[-1]
+    if G.size == 0 or n < 2:
+        return None
+    w3 = gll_weights3(n, G.dtype)
+    c = G[..., :1, :1, :1] / w3[0, 0, 0]
+    off, scale = jax.device_get((jnp.max(jnp.abs(G - c * w3)), jnp.max(jnp.abs(G))))
+    return c if 0.0 < scale and off <= rtol * scale else None
+
+
+def with_coefficient(G, h1, n: int):
+    """``h₁ G`` keeping the compact affine form where ``h1`` is a scalar or per element
+    ``(E, 1, 1, 1)``; a per-node ``h1`` expands it first."""
+    if h1 is None:
+        return G
+    h1 = jnp.asarray(h1)
+    if is_compact(G) and h1.ndim >= 3 and h1.shape[-3:] != (1, 1, 1):
+        G = full_factors(G, n)
+    return G * h1
+
+
 def stiffness(u, J, Dt, G, h1=None):
     """w = A_e u with quadrature ``J, Dt: (q, n)``; ``u: (..., E, n, n, n)``."""
     return grad_ref_t(*_apply_G(G, *grad_ref(u, J, Dt), h1), J, Dt)
 
 
 def stiffness_gll(u, D, G, h1=None):
-    """w = A_e u collocated on GLL points (BK5): ``D: (n, n)``, ``G: (6, E, n, n, n)``."""
-    return grad_gll_t(*_apply_G(G, *grad_gll(u, D), h1), D)
+    """w = A_e u collocated on GLL points (BK5): ``D: (n, n)``, ``G: (6, E, n, n, n)`` or the
+    compact affine ``(6, E, 1, 1, 1)`` (:func:`full_factors`)."""
+    return grad_gll_t(*_apply_G(full_factors(G, u.shape[-1]), *grad_gll(u, D), h1), D)
 
 
 def _on_assembled(x, idx, element_op):

@@ -160,6 +160,9 @@ constexpr int OPT_CONST = 1, OPT_ROWS = 2, OPT_PREFETCH = 4;
 
 // Bit of the FFI attribute "variant" that turns prefetch_block on (cuda.PREFETCH_L2).
 constexpr int PREFETCH_L2 = 64;
+// Bit of the attribute "variant" for BK5/BK6 on an affine mesh (cuda.AFFINE): the factors are
+// (6, E) constants and D carries the GLL weights (bk5_element_kernel's AFF).
+constexpr int AFFINE = 128;
 
 // L2 prefetch at block start (sm_90 bulk prefetch, a hint: no registers, no shared memory). At
 // low occupancy the kernels below stall on their global loads, most of them the geometric factors
@@ -199,19 +202,38 @@ cudaError_t copy_ops(const T* src, int words, int offset_words, cudaStream_t st)
                                  cudaMemcpyDeviceToDevice, st);
 }
 
+// The six geometric factors of thread (a, b)'s column, g(k, f) = G[f][e][k][b][a]: read from
+// memory (GStored: p at G[0][e][0][b][a], the factors stride apart; 0 on an inactive element), or
+// recomputed on an affine element (GAffine: G_f = c_f w_a w_b w_k, c the element's six constants
+// and w the GLL weights, so nothing per node is read).
+template <int M, typename T>
+struct GStored {
+  const T* __restrict__ p;
+  int64_t stride;
+  bool active;
+  __device__ __forceinline__ T operator()(int k, int f) const { return active ? p[k * M * M + f * stride] : T(0); }
+};
+
+template <typename T>
+struct GAffine {
+  T c[6];
+  T wab;
+  const T* __restrict__ w;
+  __device__ __forceinline__ T operator()(int k, int f) const { return c[f] * (wab * w[k]); }
+};
+
 // The collocated stiffness stage on an M³ grid (BK5 on the GLL points, BK3 on the Gauss
-// points): X holds the element in shared memory, xc[] is thread (a, b)'s column of it, g points
-// at G[0][e][0][b][a] with the factors gstride apart; on return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)
+// points): X holds the element in shared memory, xc[] is thread (a, b)'s column of it, g gives
+// its geometric factors (GStored or GAffine); on return rw[k] = (Σ_ab D_aᵀ G_ab D_b x)
 // at (k, b, a). GR, GS: M³ words of scratch each. One barrier inside.
 // OPT, a bit set (variants 4-7): OPT_CONST reads D where all threads want the same entry from cD
 // (ConstOps: constant memory); OPT_ROWS holds thread (a, b)'s rows D[a][:], D[b][:] (then the
 // columns D[:][a], D[:][b]) in registers for the whole element instead of re-reading them from
 // shared memory for every k (M ≤ 10, where the registers fit); OPT_PREFETCH loads the six
 // factors of slice k + 1 while slice k computes.
-template <int M, typename T, int OPT, typename UOps>
+template <int M, typename T, int OPT, typename UOps, typename GA>
 __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], const T* sD, const T* sDt,
-                                                 UOps cD, const T* __restrict__ g, int64_t gstride,
-                                                 bool active, int a, int b, T* GR, T* GS, T (&rw)[M]) {
+                                                 UOps cD, const GA& g, int a, int b, T* GR, T* GS, T (&rw)[M]) {
   constexpr int m2 = M * M;
   constexpr bool CONST = OPT & OPT_CONST, ROWS = (OPT & OPT_ROWS) && M <= 10, PREF = OPT & OPT_PREFETCH;
   T Da[ROWS ? M : 1], Db[ROWS ? M : 1];
@@ -225,7 +247,7 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
   T gn[6];
   if constexpr (PREF) {
 #pragma unroll
-    for (int f = 0; f < 6; ++f) gn[f] = active ? g[f * gstride] : T(0);
+    for (int f = 0; f < 6; ++f) gn[f] = g(0, f);
   }
 #pragma unroll
   for (int k = 0; k < M; ++k) rw[k] = 0;
@@ -236,7 +258,7 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
       g0 = gn[0], g1 = gn[1], g2 = gn[2], g3 = gn[3], g4 = gn[4], g5 = gn[5];
       if (k + 1 < M) {
 #pragma unroll
-        for (int f = 0; f < 6; ++f) gn[f] = active ? g[(k + 1) * m2 + f * gstride] : T(0);
+        for (int f = 0; f < 6; ++f) gn[f] = g(k + 1, f);
       }
     }
     T ur = 0, us = 0, ut = 0;
@@ -255,15 +277,12 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
         ut += sD[k * M + m] * xc[m];
     }
     if constexpr (!PREF) {
-      if (active) {
-        const T* gk = g + k * m2;
-        g0 = gk[0];
-        g1 = gk[gstride];
-        g2 = gk[2 * gstride];
-        g3 = gk[3 * gstride];
-        g4 = gk[4 * gstride];
-        g5 = gk[5 * gstride];
-      }
+      g0 = g(k, 0);
+      g1 = g(k, 1);
+      g2 = g(k, 2);
+      g3 = g(k, 3);
+      g4 = g(k, 4);
+      g5 = g(k, 5);
     }
     GR[(k * M + b) * M + a] = g0 * ur + g1 * us + g2 * ut;
     GS[(k * M + b) * M + a] = g1 * ur + g3 * us + g4 * ut;
@@ -302,7 +321,10 @@ __device__ __forceinline__ void collocated_stage(const T* X, const T (&xc)[M], c
 // the global node of each local one (outside [0, nf): a Dirichlet node, read as 0, not written). The
 // element gathers its input through idx and adds its output into w with atomics (w zeroed
 // before the launch), so the gather-scatter needs no pass of its own.
-template <int N, typename T, int MINB, int OPT, bool ASM = false>
+// AFF (an affine mesh, bit AFFINE of the variant): G is (6, E), the element's constant factors
+// c_f, and D holds n² + n words, D then the GLL weights w; the kernel recomputes G_f = c_f w⊗w⊗w
+// instead of reading 6 n³ words per element.
+template <int N, typename T, int MINB, int OPT, bool ASM = false, bool AFF = false>
 __global__ void __launch_bounds__(N * N * elements_per_block<N>(), MINB)
 bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* __restrict__ D,
                    const T* __restrict__ G, T* __restrict__ w, const int32_t* __restrict__ idx, int64_t nf) {
@@ -315,7 +337,7 @@ bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* 
   T* GR = U + n3;
   T* GS = GR + n3;
   const int lt = i + N * j;
-  prefetch_block<EB>(l2, lt + n2 * z, E, ASM ? 0 : C, u, n3, G, 6, E * n3, n3);
+  prefetch_block<EB>(l2, lt + n2 * z, E, ASM ? 0 : C, u, n3, G, AFF ? 0 : 6, E * n3, n3);
   for (int t = lt + n2 * z; t < n2; t += n2 * EB) {
     sD[t] = D[t];
     sDt[(t % N) * N + t / N] = D[t];
@@ -341,12 +363,22 @@ bk5_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, const T* 
     T ru[N], rw[N];
 #pragma unroll
     for (int m = 0; m < N; ++m) ru[m] = U[(m * N + j) * N + i];
-    if constexpr ((OPT & OPT_CONST) != 0)
-      collocated_stage<N, T, OPT>(U, ru, sD, sDt, ConstOps<ops_offset(N)>{}, G + base + j * N + i, stride,
-                                   active, i, j, GR, GS, rw);
-    else
-      collocated_stage<N, T, OPT>(U, ru, sD, sDt, static_cast<const T*>(sD), G + base + j * N + i, stride,
-                                    active, i, j, GR, GS, rw);
+    auto stage = [&](const auto& g) {
+      if constexpr ((OPT & OPT_CONST) != 0)
+        collocated_stage<N, T, OPT>(U, ru, sD, sDt, ConstOps<ops_offset(N)>{}, g, i, j, GR, GS, rw);
+      else
+        collocated_stage<N, T, OPT>(U, ru, sD, sDt, static_cast<const T*>(sD), g, i, j, GR, GS, rw);
+    };
+    if constexpr (AFF) {
+      GAffine<T> g;
+#pragma unroll
+      for (int f = 0; f < 6; ++f) g.c[f] = active ? G[f * E + e] : T(0);
+      g.w = D + n2;
+      g.wab = D[n2 + i] * D[n2 + j];
+      stage(g);
+    } else {
+      stage(GStored<N, T>{G + base + j * N + i, stride, active});
+    }
     if (active) {
       if constexpr (ASM) {
         T* wc = w + c * nf;
@@ -495,8 +527,8 @@ stiffness_element_kernel(int64_t E, int C, bool l2, const T* __restrict__ u, con
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
-    const T* g = G + ee * q3 + b * Q + a;
-    collocated_stage<Q, T, 0>(X, rx, sD, sDt, static_cast<const T*>(sD), g, gstride, active, a, b, GR, GS, rw);
+    collocated_stage<Q, T, 0>(X, rx, sD, sDt, static_cast<const T*>(sD), GStored<Q, T>{G + ee * q3 + b * Q + a, gstride, active},
+                              a, b, GR, GS, rw);
     back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rw);
   }
 }
@@ -717,8 +749,8 @@ stiffness_lines_kernel(int64_t E, int C, bool l2, const JAXSEM_REAL* __restrict_
 #pragma unroll
     for (int k = 0; k < Q; ++k) X[(k * Q + b) * Q + a] = rx[k];
     __syncthreads();
-    collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{}, G + ee * q3 + t, gstride,
-                                active, a, b, GR, GS, rw);
+    collocated_stage<Q, T, OPT>(X, rx, sD, sDt, ConstOps<ops_offset(N) + Q * N>{},
+                                GStored<Q, T>{G + ee * q3 + t, gstride, active}, a, b, GR, GS, rw);
     if constexpr (ASM)
       lines_back<N, Q, true>(w + c * nf, active, t, A, S, rw, idx + ee * n3, nf);
     else
@@ -1473,13 +1505,21 @@ template <int N, typename T>
 bool launch_bk5(const Launch<T>& L, int variant, const T* u, const T* D, const T* G, T* w) {
   constexpr int EB = elements_per_block<N>();
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
+  const bool aff = (variant & AFFINE) != 0;
+  variant &= ~AFFINE;
   auto element = [&](auto minb, auto opt) {  // whole element per stage (bk5_element_kernel)
     if constexpr ((decltype(opt)::value & OPT_CONST) != 0) copy_ops(D, N * N, ops_offset(N), L.stream);
     const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
-    auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, nullptr, 0);
+    auto go = [&](auto kernel) {
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, nullptr, 0);
+    };
+    if (aff)
+      go(bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value, false, true>);
+    else
+      go(bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value>);
   };
+  if (aff && (variant == 1 || variant == 8 || variant == 10)) return false;  // element variants only
   auto lines = [&](auto minb) {  // collocated stage by lines (bk5_lines_kernel)
     copy_ops(D, N * N, ops_offset(N), L.stream);
     const size_t smem = sizeof(T) * EB * 4 * coll_words<N>();
@@ -1510,12 +1550,19 @@ bool launch_bk5a(const Launch<T>& L, int variant, int64_t nf, const T* u, const 
   constexpr int EB = elements_per_block<N>();
   dim3 block(N, N, EB), grid(unsigned((L.E + EB - 1) / EB));
   if (cudaMemsetAsync(w, 0, sizeof(T) * size_t(L.C) * size_t(nf), L.stream) != cudaSuccess) return true;
+  const bool aff = (variant & AFFINE) != 0;
+  variant &= ~AFFINE;
   auto element = [&](auto minb, auto opt) {
     if constexpr ((decltype(opt)::value & OPT_CONST) != 0) copy_ops(D, N * N, ops_offset(N), L.stream);
     const size_t smem = sizeof(T) * (2 * N * N + EB * 3 * N * N * N);
-    auto kernel = bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value, true>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, idx, nf);
+    auto go = [&](auto kernel) {
+      allow_smem(kernel, smem);
+      kernel<<<grid, block, smem, L.stream>>>(L.E, L.C, L.l2, u, D, G, w, idx, nf);
+    };
+    if (aff)
+      go(bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value, true, true>);
+    else
+      go(bk5_element_kernel<N, T, decltype(minb)::value, decltype(opt)::value, true>);
   };
   switch (variant) {
     case 2: element(Int<0>{}, Int<0>{}); return true;
