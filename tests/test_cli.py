@@ -267,6 +267,19 @@ def test_solve_tgv_tolerances_reach_the_solves(capsys):
     assert 0 < np.max(np.abs(a - b) / a) < 1e-5, np.max(np.abs(a - b) / a)
 
 
+def test_solve_tgv_pressure_cycle_is_float32_by_default(capsys):
+    """The default pressure V-cycle is float32 (in the record); the float64 cycle gives the same
+    energies to the solves' tolerance, and the two runs differ (the cycle did change)."""
+    base = ["solve", "tgv", "--order", "3", "--elements", "2", "--t-final", "0.3", "--dt", "0.05", "--json", "-q"]
+    assert cli.main(base) == 0
+    f32, _ = _json(capsys)
+    assert cli.main(base + ["--pmg-dtype", "float64"]) == 0
+    f64, _ = _json(capsys)
+    assert (f32["pmg_dtype"], f64["pmg_dtype"]) == ("float32", "float64")
+    a, b = np.asarray(f64["kinetic_energy"]), np.asarray(f32["kinetic_energy"])
+    assert 0 < np.max(np.abs(a - b) / a) < 1e-8, np.max(np.abs(a - b) / a)
+
+
 def _refused(argv, capsys, monkeypatch) -> str:
     """The one stderr line of a command refused with exit 2 before any set-up."""
     def no_jax_work(*a, **k):

@@ -149,8 +149,9 @@ def build_parser() -> _Parser:
     t.add_argument("--pressure-projection", type=int, default=8, metavar="L",
                    help="start each pressure solve from its projection onto the last L pressure "
                         "solutions, as NekRS does (default 8; 0: from the extrapolated pressure)")
-    t.add_argument("--pmg-dtype", choices=("float64", "float32"), default=None,
-                   help="precision of the pressure's p-multigrid V-cycle (default: the solve's, float64)")
+    t.add_argument("--pmg-dtype", choices=("float64", "float32"), default="float32",
+                   help="precision of the pressure's p-multigrid V-cycle inside the float64 solve (default "
+                        "float32, as NekRS's multigrid: half the bytes per smoothing pass; float64: the solve's)")
     t.add_argument("--checkpoint", metavar="PATH", default=None,
                    help="write a checkpoint every --checkpoint-every, at the end, and when stopped by a signal")
     t.add_argument("--checkpoint-every", type=float, default=None, metavar="T",

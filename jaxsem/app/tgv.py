@@ -51,7 +51,7 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
             backend: str = "auto", place: dict | None = None, checkpoint: str | None = None,
             resume: str | None = None, checkpoint_every: float | None = None,
             vtu_every: float | None = None, progress=lambda m: None,
-            progress_bar: bool = False, pmg_dtype: str | None = None, pressure_tol: float = 1e-8,
+            progress_bar: bool = False, pmg_dtype: str | None = "float32", pressure_tol: float = 1e-8,
             velocity_tol: float = 1e-10, pressure_projection: int = 8) -> dict:
     """Run the Taylor–Green vortex and compare with the DNS; returns the record (a dict).
 
@@ -65,7 +65,8 @@ def run_tgv(order: int, elements, t_final: float, *, dt: float | None = None, re
     ``checkpoint_every``: with ``checkpoint``, its interval in time units, a whole multiple of
     ``sample`` (None: every sample); the file is also written at the end and when a signal stops
     the run.
-    ``pmg_dtype``: the pressure V-cycle's precision (None: the solve's; ``"float32"``);
+    ``pmg_dtype``: the pressure V-cycle's precision (``"float32"``, the default, inside the float64
+    solve, which then runs flexible CG; None or ``"float64"``: the solve's);
     ``pressure_tol``, ``velocity_tol``: the solves' relative residuals; ``pressure_projection``:
     the number of past pressure solutions each pressure solve starts from (:class:`NS.NSOptions`).
     """
