@@ -11,6 +11,7 @@ every measured number and a list of failed checks, and exits 1 if any failed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -121,6 +122,15 @@ def check_affine(P):
     compact = ss.affine is not None and tuple(ss.affine.shape[-3:]) == (1, 1, 1)
     check("bp5_affine_compact", compact, compact)
     check_bp(P, 5, mesh, "bp5_affine", partition=uneven_partition(m, P), backend=fused)
+    # curved where x > 1/3 only: the first rank's elements are affine, the others' not; every
+    # device then reads the stored factors
+    x = np.array(mesh.x)
+    x[1] += 0.05 * np.maximum(x[0] - 1 / 3, 0.0) ** 2 * np.sin(np.pi * x[2])
+    half = dataclasses.replace(mesh, x=x)
+    cx = x[0].reshape(m, -1).mean(axis=1)
+    part = np.where(cx < 1 / 3, 0, 1 + np.cumsum(cx >= 1 / 3) % (P - 1))
+    ss = poisson.bp_discretize(half, 5, devices=P, partition=part, backend=fused)
+    check("bp5_half_affine_stored", ss.affine is None, ss.affine is None)
 
 
 def check_bench(P):

@@ -92,6 +92,7 @@ def test_sharded_equals_serial(results):
         assert res[f"{name}_iterations"] == [17, 17] and res[f"{name}_err"] < 1e-12, res
     assert res["bp5_storage"] is True and res["bp5_local_fixed17_storage"] is False
     assert res["bp5_affine_compact"] is True  # the compact factors of affine elements, on every device
+    assert res["bp5_half_affine_stored"] is True  # one rank's elements affine, the others' not: none compact
     assert res["bench_history_err"] < 1e-12 and res["bench_shape_sharded"] != res["bench_shape_serial"], res
     assert res["periodic_loss_err"] < 1e-12
     assert res["grad_f_err"] < 1e-11
