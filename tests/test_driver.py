@@ -233,3 +233,23 @@ def test_a_resume_past_the_run_s_end_is_refused_before_any_step(tmp_path):
     good = _plain_checkpoint(tmp_path)
     with pytest.raises(ValueError, match=r"plain\.npz'.*0\.\.5 \(this run has 5 steps\), got 10"):
         driver.run(f_lin, Y0, 0.01, 5, options=driver.RunOptions(resume=good, meta={}))
+
+
+def test_chunk_program_is_compiled_once_when_the_start_mixes_placements():
+    """A first state whose fields sit on a device (committed) beside a time made by ``jnp.asarray``
+    (uncommitted): the chunk program's outputs are all committed, so without placing the start
+    alike the second chunk compiles the program again (measured: 7 s of each Navier–Stokes run)."""
+
+    @jax.jit
+    def advance(y, args, m0, count):
+        u, t = y
+        return jax.lax.fori_loop(0, count, lambda i, c: (0.5 * c[0], c[1] + args), (u, t))
+
+    y0 = (jax.device_put(jnp.ones(3), jax.devices()[0]), jnp.asarray(0.0))
+    assert y0[0].committed and not y0[1].committed
+    (u, t), info = driver.drive(advance, y0, 6, dt=0.1, t0=0.0, label="halving", args=jnp.asarray(0.1),
+                                options=driver.RunOptions(chunk_steps=2))
+    assert info.chunks == 3 and float(t) == pytest.approx(0.6) and np.array_equal(np.asarray(u), np.full(3, 0.5**6))
+    assert advance._cache_size() == 1
+    same = (jnp.ones(3), jnp.asarray(0.0))  # uncommitted throughout: left as it is
+    assert driver.placed_alike(same) is same

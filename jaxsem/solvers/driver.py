@@ -309,6 +309,30 @@ def agreed_signal(received: list, comm) -> int:
     return sig
 
 
+def placed_alike(tree):
+    """``tree`` with its uncommitted arrays placed where its committed ones are: on their one
+    device, or replicated over their mesh. A jitted program's outputs are committed when any of
+    its inputs is, so a chunk loop whose first state mixes the two (a time or a counter made by
+    ``jnp.asarray`` beside fields on a device) would compile its chunk program a second time for
+    the second chunk: same shapes, other placements. Uncommitted everywhere: unchanged."""
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    placed = next((x.sharding for x in arrays if x.committed), None)
+    if placed is None or all(x.committed for x in arrays):
+        return tree
+    if len(placed.device_set) == 1:
+        device = next(iter(placed.device_set))
+        put = lambda x: jax.device_put(x, device)  # noqa: E731
+    elif isinstance(placed, jax.sharding.NamedSharding):
+        everywhere = jax.sharding.NamedSharding(placed.mesh, jax.sharding.PartitionSpec())
+
+        def put(x):
+            v = np.asarray(x)
+            return jax.make_array_from_callback(v.shape, everywhere, lambda index: v[index])
+    else:
+        return tree
+    return jax.tree.map(lambda x: put(x) if isinstance(x, jax.Array) and not x.committed else x, tree)
+
+
 def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label: str, args=None,
           options: RunOptions = RunOptions(), comm=None, start: int = 0, check: Callable | None = None,
           until: Callable | None = None,
@@ -364,6 +388,7 @@ def drive(advance: Callable, y0, num_steps: int, *, dt: float, t0: float, label:
         y, m = (y[0] if isinstance(names, str) else tuple(y)), ck.step
         resumed = m
 
+    y = placed_alike(y)
     if not finite(y):
         raise ValueError("the initial state contains NaN/Inf" + (f" (checkpoint {resume})" if resume else ""))
     # a stop signal ends the run between chunks, after the checkpoint, never inside XLA
