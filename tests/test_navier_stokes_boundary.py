@@ -10,7 +10,9 @@ import os
 import sys
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "shard":
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[2]}"
+    from subproc import with_device_count
+
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), int(sys.argv[2]))  # other flags kept
 
 import jax
 import jax.numpy as jnp
