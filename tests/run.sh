@@ -142,7 +142,9 @@ mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
     shift
     rm -f "$MPI_LOGS"/rank*
     local runner=()
-    command -v timeout >/dev/null 2>&1 && runner=(timeout --signal=KILL 900)
+    # a guard against a rank left waiting in a collective, not a time limit on the tests: well
+    # above the -n 2 stage's own time on a 2-core runner
+    command -v timeout >/dev/null 2>&1 && runner=(timeout --signal=KILL 1500)
     ${runner[@]+"${runner[@]}"} "$VENV/bin/mpirun" -n "$n" bash -c '
         logs="$1"
         rank="${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}"
