@@ -93,8 +93,9 @@ def test_with_coordinates_refuses_inverted_elements():
 @pytest.mark.parametrize("kind", ["gll", "gauss"])
 def test_blocked_factors_equal_the_whole_mesh_form(kind):
     """The set-up's block-at-a-time loop (last block shifted back, overlapping) gives the
-    whole-mesh factors and the per-element Jacobian minima (to round-off: XLA fuses
-    differently for another shape)."""
+    whole-mesh factors and the per-element Jacobian minima to round-off (XLA fuses differently
+    for another shape): 1e-13 of each field's own scale, measured up to 1e-14 with the tests'
+    XLA flags; a factor near zero, a difference of larger products, keeps their absolute error."""
     from jaxsem.core.geometry import _factors_blocked, factors
 
     m = box_mesh((3, 4, 3), order=3, deform=0.2)
@@ -105,5 +106,6 @@ def test_blocked_factors_equal_the_whole_mesh_form(kind):
     for block in (1, 7, 36):
         g, jmin = _factors_blocked(x, *args, block)
         for name in ("G", "B", "jac", "rx", "xq"):
-            np.testing.assert_allclose(getattr(g, name), getattr(whole, name), rtol=1e-14, atol=1e-15)
+            ref = np.asarray(getattr(whole, name))
+            np.testing.assert_allclose(getattr(g, name), ref, rtol=1e-13, atol=1e-13 * np.max(np.abs(ref)))
         np.testing.assert_allclose(jmin, jnp.min(whole.jac.reshape(36, -1), axis=1), rtol=1e-14)
