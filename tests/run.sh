@@ -121,9 +121,13 @@ trap 'rm -rf "$MPI_LOGS"' EXIT
 # know a flag aborts, so each is kept only if this jaxlib accepts it.
 # JAXSEM_TEST_FAST_COMPILE=0: XLA's default optimization.
 if [[ "${JAXSEM_TEST_FAST_COMPILE:-1}" != 0 ]]; then
+    # The notebooks run hundreds of steps: their time is the programs' own, and the loop emitters'
+    # code is slower (a channel notebook cell passed 300 s with them); they keep the first two.
+    NOTEBOOK_XLA_FLAGS="${XLA_FLAGS:-}"
     for flag in --xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0 \
         --xla_cpu_use_fusion_emitters=false --xla_cpu_enable_concurrency_optimized_scheduler=false; do
         if XLA_FLAGS="$flag" "$PY" -c 'import jax.numpy as jnp; jnp.zeros(2).block_until_ready()' >/dev/null 2>&1; then
+            [[ "$flag" == --xla_cpu_* ]] || NOTEBOOK_XLA_FLAGS="${NOTEBOOK_XLA_FLAGS:+$NOTEBOOK_XLA_FLAGS }$flag"
             export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }$flag"
         else
             echo "tests/run.sh: this jaxlib does not accept $flag: left out"
@@ -131,6 +135,7 @@ if [[ "${JAXSEM_TEST_FAST_COMPILE:-1}" != 0 ]]; then
     done
     echo "XLA_FLAGS=$XLA_FLAGS"
 fi
+NOTEBOOK_XLA_FLAGS="${NOTEBOOK_XLA_FLAGS-${XLA_FLAGS:-}}"
 
 if [[ "${JAXSEM_TEST_XLA_CACHE:-1}" != 0 && -z "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
     export JAX_COMPILATION_CACHE_DIR="$MPI_LOGS/xla-cache"
@@ -181,7 +186,7 @@ shopt -s nullglob
 notebooks=(notebooks/*.ipynb)
 shopt -u nullglob
 if ((${#notebooks[@]})); then
-    run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist worksteal --nbmake notebooks/
+    XLA_FLAGS="$NOTEBOOK_XLA_FLAGS" run_stage "notebooks (${#notebooks[@]})" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist worksteal --nbmake notebooks/
 else
     header "notebooks"
     echo "no notebooks/*.ipynb: skipped"
