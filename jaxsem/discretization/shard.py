@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..mesh.partition import partition_mesh
-from ..parallel.comm import Comm, ShardComm, element_specs
+from ..parallel.comm import Comm, ShardComm, element_specs, put_sharded
 from .assembled import Assembled
 from .gather_scatter import Exchange, GatherScatter
 
@@ -256,8 +256,7 @@ def from_mesh_order(disc, u, axis: int = -4, fill: float = 0.0):
     if not isinstance(comm, ShardComm) or comm.mesh is None:
         return jax.numpy.asarray(out)
     spec = element_specs(out, comm.axis_name) if out.ndim >= 4 else jax.sharding.PartitionSpec()
-    sharding = NamedSharding(comm.mesh, spec)
-    return jax.make_array_from_callback(out.shape, sharding, lambda index: out[index])
+    return put_sharded(out, NamedSharding(comm.mesh, spec))
 
 
 def replicated(disc, tree):
@@ -269,12 +268,7 @@ def replicated(disc, tree):
     if not isinstance(comm, ShardComm) or comm.mesh is None:
         return jax.tree.map(jax.numpy.asarray, tree)
     sharding = NamedSharding(comm.mesh, jax.sharding.PartitionSpec())
-
-    def put(x):
-        v = np.asarray(x)
-        return jax.make_array_from_callback(v.shape, sharding, lambda index: v[index])
-
-    return jax.tree.map(put, tree)
+    return jax.tree.map(lambda x: put_sharded(x, sharding), tree)
 
 
 def placement_of(disc, mesh, partition=None) -> dict:

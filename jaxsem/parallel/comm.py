@@ -241,6 +241,13 @@ def _field_spec(ndim: int, axis_name: str) -> PartitionSpec:
     return PartitionSpec(*([None] * (ndim - 4)), axis_name) if ndim >= 4 else PartitionSpec()
 
 
+def put_sharded(x, sharding):
+    """``x`` (host or device values) as a committed array laid out by ``sharding``, each device
+    given its own slice (``jax.device_put`` of a host array would go through one device)."""
+    v = np.asarray(x)
+    return jax.make_array_from_callback(v.shape, sharding, lambda index: v[index])
+
+
 def element_specs(tree, axis_name: str):
     """``PartitionSpec``s splitting the element arrays of ``tree`` (a pytree) over ``axis_name``.
 

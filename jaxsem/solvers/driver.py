@@ -31,6 +31,7 @@ import numpy as np
 
 from ..io.checkpoint import (checkpoint_meta, load_checkpoint, meta_mismatch, save_checkpoint, tree_fields,
                              tree_from_fields)
+from ..parallel.comm import put_sharded
 from .stops import NonFiniteError, RunInterrupted, Terminated, UnstableRunError, take_pending_signal
 from .timestepping import _check_steps, advance_fn, tableau
 
@@ -324,10 +325,7 @@ def placed_alike(tree):
         put = lambda x: jax.device_put(x, device)  # noqa: E731
     elif isinstance(placed, jax.sharding.NamedSharding):
         everywhere = jax.sharding.NamedSharding(placed.mesh, jax.sharding.PartitionSpec())
-
-        def put(x):
-            v = np.asarray(x)
-            return jax.make_array_from_callback(v.shape, everywhere, lambda index: v[index])
+        put = lambda x: put_sharded(x, everywhere)  # noqa: E731
     else:
         return tree
     return jax.tree.map(lambda x: put(x) if isinstance(x, jax.Array) and not x.committed else x, tree)
