@@ -29,7 +29,7 @@ from .solvers import multigrid
 from .solvers.pcg import linear_solve, pcg
 
 __all__ = ["Helmholtz", "helmholtz", "solve", "solve_local", "transpose_solve_local", "local_operator",
-           "operator", "global_operator", "jacobi", "pmg", "pure_neumann", "PMGScheduleWarning"]
+           "operator", "global_operator", "jacobi", "unit_diagonals", "pmg", "pure_neumann", "PMGScheduleWarning"]
 
 
 def _is_zero(h):
@@ -113,8 +113,23 @@ def global_operator(sem: SEM, h1=1.0, h2=0.0) -> Callable:
         lambda s, x: assembled.scatter(s.assembled, _element_apply(s, assembled.to_local(s.assembled, x), h1, h2)), x)
 
 
-def jacobi(sem: SEM, h1=1.0, h2=0.0):
-    """Inverse of the exact assembled diagonal, 0 on Dirichlet nodes: ``(E, n, n, n)``."""
+def unit_diagonals(sem: SEM):
+    """The assembled diagonals of −∇² and of the mass matrix, each summed over a node's copies
+    and without the mask: ``(dA, dB)``, each ``(E, n, n, n)`` (rank-local). With them the
+    diagonal of h₁(−∇²) + h₂ for scalar coefficients is ``h₁·dA + h₂·dB``: no element work per
+    solve (:attr:`Helmholtz.diagonals`)."""
+    return (sem.dssum(stiffness_diagonal(sem.J, sem.Dt, sem.geom.G)),
+            sem.dssum(mass_diagonal(sem.J, sem.geom.B)))
+
+
+def jacobi(sem: SEM, h1=1.0, h2=0.0, diagonals=None):
+    """Inverse of the exact assembled diagonal, 0 on Dirichlet nodes: ``(E, n, n, n)``.
+    ``diagonals``: :func:`unit_diagonals` of ``sem``'s nodes (any mask), used where both
+    coefficients are scalars."""
+    if diagonals is not None and np.ndim(h1) == 0 and np.ndim(h2) == 0:
+        dA, dB = diagonals
+        d = (0.0 if _is_zero(h1) else _scaled(_split(h1)[0], dA)) + (0.0 if _is_zero(h2) else _scaled(_split(h2)[0], dB))
+        return sem.mask / jnp.where(sem.mask > 0, d, 1.0)
     d = 0.0
     if not _is_zero(h1):
         c, h = _split(h1)
@@ -143,6 +158,8 @@ class Helmholtz:
         1 its multiply), else None.
       nullspace: static: the constants span the null space (pure Neumann, h₂ = 0); solutions
         are then orthogonal to them.
+      diagonals: :func:`unit_diagonals` of ``sem``, or None: the Jacobi preconditioner's
+        diagonal for scalar coefficients without element work in each solve.
     """
 
     sem: SEM
@@ -150,14 +167,18 @@ class Helmholtz:
     pmg: multigrid.PMG | None = None
     scalars: tuple = dataclasses.field(default=(1.0, 0.0), metadata=dict(static=True))
     nullspace: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    diagonals: tuple | None = None
 
     @classmethod
-    def of(cls, sem: SEM, h1=1.0, h2=0.0, *, pmg: multigrid.PMG | None = None, nullspace: bool = False):
-        """The solve object without host work (usable inside ``jit``: no preconditioner set-up)."""
+    def of(cls, sem: SEM, h1=1.0, h2=0.0, *, pmg: multigrid.PMG | None = None, nullspace: bool = False,
+           diagonals=None):
+        """The solve object without host work (usable inside ``jit``: no preconditioner set-up).
+        ``diagonals``: :func:`unit_diagonals` of ``sem``'s nodes, computed once by the caller
+        (a time stepper that solves with the same nodes every step)."""
         py = lambda h: isinstance(h, (int, float)) and not isinstance(h, bool)
         scalars = tuple(float(h) if py(h) else None for h in (h1, h2))
         fields = tuple(None if py(h) else h for h in (h1, h2))
-        return cls(sem=sem, fields=fields, pmg=pmg, scalars=scalars, nullspace=bool(nullspace))
+        return cls(sem=sem, fields=fields, pmg=pmg, scalars=scalars, nullspace=bool(nullspace), diagonals=diagonals)
 
     @property
     def h1(self):
@@ -255,7 +276,7 @@ def _precond(H: Helmholtz):
     """``r -> z`` on E-vectors: the V-cycle, or the Jacobi diagonal of the coefficients."""
     if H.pmg is not None:
         return lambda r: multigrid.vcycle(H.pmg, r)
-    dinv = jacobi(H.sem, H.h1, H.h2)
+    dinv = jacobi(H.sem, H.h1, H.h2, H.diagonals)
     return lambda r: dinv * r
 
 
@@ -270,8 +291,8 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
     sem = H.sem
     method = _method(H, method)
     keep_z = H.pmg is not None
-    M = _precond(H)
     if sem.assembled is None:
+        M = _precond(H)
         ones = jnp.broadcast_to(sem.valid * jnp.ones_like(sem.mask), b.shape)
         return linear_solve(
             operator(sem, H.h1, H.h2), b, dot=sem.dot, dots=sem.dots, project=lambda u: sem.mask * sem.dssum(sem.mult * u),
@@ -286,9 +307,14 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
     weight = keep if a.weight is None else keep * a.weight
     project = (lambda x: keep * x) if a.weight is None else (lambda x: keep * assembled.assemble(a, a.weight * x))
     gb = g(b)
+    if H.pmg is None:  # Jacobi: the inverse diagonal on the assembled nodes, no E-vector per iteration
+        dinv = g(jacobi(sem, H.h1, H.h2, H.diagonals))
+        precond = lambda r: dinv * r  # noqa: E731
+    else:
+        precond = lambda r: g(multigrid.vcycle(H.pmg, assembled.to_local(a, r)))  # noqa: E731
     x, info = linear_solve(
         global_operator(sem, H.h1, H.h2), gb, dot=functools.partial(assembled.dot, a), project=project,
-        weight=weight, precond=lambda r: g(M(assembled.to_local(a, r))), tol=tol, maxiter=maxiter,
+        weight=weight, precond=precond, tol=tol, maxiter=maxiter,
         dots=functools.partial(assembled.dots, a), method=method, transposable=sem.backend.transposable,
         keep_z=keep_z, x0=None if x0 is None else g(x0),
         nullspace=jnp.broadcast_to(keep, gb.shape) if H.nullspace else None,

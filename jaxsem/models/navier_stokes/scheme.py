@@ -19,7 +19,7 @@ from ...discretization import probes as probes_
 from ...discretization import surface as sf
 from ...discretization.sem import SEM, discretize, group_indicator, with_dirichlet
 from ...discretization.shard import replicated
-from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local
+from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local, unit_diagonals
 from ...mesh.box import Mesh
 from ...mesh.numbering import number_nodes
 from ...operators.tensor import grad_gll, grad_gll_t, interp
@@ -151,6 +151,9 @@ class NavierStokes:
         or None.
       drive: the :class:`~jaxsem.models.navier_stokes.driving.Drive` (a held flow rate or a
         pressure gradient along a periodic axis), or None.
+      diagonals: ``(dA, dB)``, each ``(E, n, n, n)``: the assembled diagonals of −∇² and of the
+        mass matrix on the velocity's nodes (:func:`jaxsem.elliptic.unit_diagonals`): the
+        Jacobi preconditioner of the velocity and scalar solves in each step, without element work.
     """
 
     sem: SEM
@@ -170,6 +173,7 @@ class NavierStokes:
     scalars: tuple = ()
     buoyancy: object = None
     drive: object = None
+    diagonals: tuple = ()
 
     @property
     def scalar_names(self) -> tuple:
@@ -374,7 +378,7 @@ def setup(mesh: Mesh, nu: float, dt: float, *, boundary: Callable | dict | None 
                         force_weight=fw,
                         probes=located,
                         options=options, force_groups=forces, volume=volume, scalars=fields, buoyancy=lift,
-                        drive=driving.resolve(sem, drive))
+                        drive=driving.resolve(sem, drive), diagonals=sem.local_map(unit_diagonals))
 
 
 def _dealias_rule(order: int, n: int, dealias: bool, dtype):
@@ -403,7 +407,7 @@ def with_coordinates(ns: NavierStokes, x) -> NavierStokes:
     fields = tuple(dataclasses.replace(f, surfaces=tuple(sf.surface(sem, s_.groups) for s_ in f.surfaces))
                    for f in ns.scalars)
     return dataclasses.replace(ns, sem=sem, pressure=dataclasses.replace(ns.pressure, sem=psem), binv=binv,
-                               Jd=Jd, Dd=Dd, Brx=Brx, bc=bc, scalars=fields)
+                               Jd=Jd, Dd=Dd, Brx=Brx, bc=bc, scalars=fields, diagonals=sem.local_map(unit_diagonals))
 
 
 def _fields(s: SEM, Jd, Dd, wd):
@@ -521,7 +525,7 @@ def _remember(P: Helmholtz, basis, x):
 
 def _velocity(ns: NavierStokes, h2) -> Helmholtz:
     """(h₂B + νA) on the velocity space, Jacobi-preconditioned (no set-up: built each step)."""
-    return Helmholtz.of(ns.sem, ns.nu, h2)
+    return Helmholtz.of(ns.sem, ns.nu, h2, diagonals=ns.diagonals or None)
 
 
 def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
@@ -532,7 +536,7 @@ def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
     o, m = ns.options, ns.bc.component_mask
     us, infos = [], []
     for c in range(3):
-        V = Helmholtz.of(s.with_mask(m[c], s.dirichlet), ns.nu, h2)
+        V = Helmholtz.of(s.with_mask(m[c], s.dirichlet), ns.nu, h2, diagonals=ns.diagonals or None)
         b = m[c] * s.dssum(w[c])
         if L is not None:
             b = b - V.apply(L[c])
@@ -575,7 +579,7 @@ def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
     out, infos = [], []
     for i, f in enumerate(ns.scalars):
         ts = f.sem(s)
-        H = Helmholtz.of(ts, f.kappa, h2)
+        H = Helmholtz.of(ts, f.kappa, h2, diagonals=ns.diagonals or None)
         w = s.bmass * (Tb[i] + Fx[i])
         if f.source is not None:
             w = w + s.bmass * jnp.asarray(f.source(s.x[0], s.x[1], s.x[2], t1), s.x.dtype)
