@@ -21,10 +21,15 @@ from jaxsem.parallel.launch import launcher_size  # noqa: E402
 _MPI_DIR = pathlib.Path(__file__).resolve().parent / "mpi"
 
 
-# pytest-xdist hands the tests out in collection order: the modules whose tests take tens of
-# seconds each (subprocess checks, solver runs) go first, so that a run does not end with one
-# worker on them while the others idle. The sort is stable: each module stays in one piece.
-_SLOW_FIRST = ("test_shard", "test_navier_stokes", "test_distributed_jax", "test_multigrid", "test_cli")
+# tests/run.sh hands whole modules to the pytest-xdist workers (``--dist loadfile``: a module's
+# fixtures and compiled programs are made once, on one worker) in collection order
+# (``--no-loadscope-reorder``): the modules that cost the most worker time go first, in that
+# order (measured with ``--durations``), so that a run does not end with one worker on a long
+# module while the other idles. The sort is stable: each module stays in one piece.
+_SLOW_FIRST = ("test_navier_stokes_gradients", "test_navier_stokes", "test_navier_stokes_boundary",
+               "test_tesseract_ns_grid", "test_scalars", "test_cli_flows", "test_gradient_protocol", "test_shard",
+               "test_poisson", "test_maxwell", "test_multigrid", "test_driving", "test_distributed_jax", "test_gradients",
+               "test_reliability_files", "test_gradients_time", "test_relaxation", "test_ns_projection", "test_cli")
 
 
 # The slow tests (marker ``slow``; ``pytest -m "not slow"`` is the quick suite): whole modules of

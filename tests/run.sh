@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install jaxsem into ./.venv and run the whole test suite:
-#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto --dist worksteal  [extra args]
+#   1. serial tests      python -m pytest tests -q --ignore=tests/mpi -n auto --dist loadfile --no-loadscope-reorder  [extra args]
 #   2. MPI tests         mpirun -n 2 python -m pytest tests/mpi; -n 4 on the multi-neighbour subset
 #   3. notebooks         python -m pytest -n auto --dist worksteal --nbmake notebooks/   (if any exist)
 #
@@ -167,10 +167,14 @@ mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
 }
 
 # Serial tests and notebooks on all cores (pytest-xdist; PYTEST_WORKERS=1 for one process):
-# most of their time is single-threaded XLA compilation.
+# most of their time is single-threaded XLA compilation. The serial tests go to the workers a
+# module at a time, the costliest modules first (tests/conftest.py orders them): a module's
+# fixtures and programs are then made on one worker only (measured on 2 cores: 820 s against
+# 865-903 s with tests handed out one by one).
 WORKERS="${PYTEST_WORKERS:-auto}"
 # --durations: the slowest tests in every log, to keep the suite's time in view.
-run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --dist worksteal --durations=25 "$@"
+run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --dist loadfile --no-loadscope-reorder \
+    --durations=25 "$@"
 # Four ranks add what two cannot show: several neighbours per rank, nodes shared by 3-4 ranks,
 # multi-round exchanges and uneven partitions of the MPI transport (the gather-scatter, PCG and
 # the gradient through the exchange: test_distributed.py) and test_comm_mpi.py's closed forms in
