@@ -169,8 +169,7 @@ mpi_pytest() { # mpi_pytest NPROCS [extra pytest args]
 # Serial tests and notebooks on all cores (pytest-xdist; PYTEST_WORKERS=1 for one process):
 # most of their time is single-threaded XLA compilation. The serial tests go to the workers a
 # module at a time, the costliest modules first (tests/conftest.py orders them): a module's
-# fixtures and programs are then made on one worker only (measured on 2 cores: 820 s against
-# 865-903 s with tests handed out one by one).
+# fixtures and programs are then made on one worker only.
 WORKERS="${PYTEST_WORKERS:-auto}"
 # --durations: the slowest tests in every log, to keep the suite's time in view.
 run_stage "serial tests" "$PY" -m pytest tests -q --ignore=tests/mpi -n "$WORKERS" --dist loadfile --no-loadscope-reorder \
