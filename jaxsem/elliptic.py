@@ -214,7 +214,7 @@ def pmg(sem: SEM, h1=1.0, h2=0.0, options: multigrid.PMGOptions = multigrid.PMGO
     if not isinstance(options, multigrid.PMGOptions):
         raise TypeError(f"options must be a PMGOptions, got {type(options).__name__}")
     levels = hierarchy.levels(sem, options.orders, options.dtype)
-    return multigrid.setup(levels, operator, jacobi, h1=h1, h2=h2, options=options)
+    return multigrid.setup(levels, operator, jacobi, h1=h1, h2=h2, options=options, global_operator=global_operator)
 
 
 PRECONDITIONERS = ("jacobi", "pmg")
@@ -310,7 +310,9 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
     if H.pmg is None:  # Jacobi: the inverse diagonal on the assembled nodes, no E-vector per iteration
         dinv = g(jacobi(sem, H.h1, H.h2, H.diagonals))
         precond = lambda r: dinv * r  # noqa: E731
-    else:
+    elif H.pmg.levels[0].pick is not None:  # the cycle's finest level on assembled vectors too
+        precond = functools.partial(multigrid.vcycle_assembled, H.pmg)
+    else:  # a PMG built on E-vector levels
         precond = lambda r: g(multigrid.vcycle(H.pmg, assembled.to_local(a, r)))  # noqa: E731
     x, info = linear_solve(
         global_operator(sem, H.h1, H.h2), gb, dot=functools.partial(assembled.dot, a), project=project,

@@ -87,16 +87,21 @@ def check_gather_scatter(P):
             check(f"{name}_sizes", sizes, len(set(sizes)) > 1 and sum(sizes) == mesh.num_elements)
 
 
-def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000, storage="auto", **kw):
-    """A sharded solve (Krylov vectors in ``storage``) equals the serial one (E-vectors)."""
+def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000, storage="auto", pmg=False, **kw):
+    """A sharded solve (Krylov vectors in ``storage``; Jacobi, or p-multigrid built on each
+    discretization) equals the serial one (E-vectors)."""
     ms = poisson.manufactured(bp)
     h1, h2 = poisson.coefficients(bp)
-    solve = jax.jit(lambda s: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter))
+    solve = jax.jit(lambda s, p: poisson.solve(s, ms.f, h1, h2, tol=tol, maxiter=maxiter, precond=p))
+    pre = (lambda s: poisson.pmg(s, h1, h2)) if pmg else (lambda s: None)
     serial = poisson.bp_discretize(mesh, bp, comm=Comm(), storage="local")
-    us, info_s = solve(serial)
+    us, info_s = solve(serial, pre(serial))
     ss = poisson.bp_discretize(mesh, bp, devices=P, partition=partition, storage=storage, **kw)
     check(f"{name}_storage", ss.assembled is not None, (ss.assembled is not None) == (storage == "auto"))
-    ud, info_d = solve(ss)
+    pd = pre(ss)
+    if pmg:  # the sharded cycle's finest level on assembled vectors (each device's node map)
+        check(f"{name}_assembled_cycle", pd.levels[0].pick is not None, pd.levels[0].pick is not None)
+    ud, info_d = solve(ss, pd)
     err = rel(js.to_mesh_order(ss, ud), us)
     check(f"{name}_err", err, err < 1e-12)
     check(f"{name}_iterations", [int(info_d.iterations), int(info_s.iterations)],
@@ -277,6 +282,7 @@ def main(P):
     check_bp(P, 5, m, "bp5_uneven_fixed17", partition=uneven_partition(m.num_elements, P), tol=0.0, maxiter=17)
     check_bp(P, 5, m, "bp5_local_fixed17", partition=uneven_partition(m.num_elements, P), tol=0.0, maxiter=17,
              storage="local")
+    check_bp(P, 5, m, "bp5_pmg_uneven", partition=uneven_partition(m.num_elements, P), pmg=True)
     check_bench(P)
     check_grad(P)
     check_dg(P)

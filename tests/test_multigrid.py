@@ -23,7 +23,7 @@ import pytest
 import jaxsem as js
 from jaxsem.mesh.gmsh import read_gmsh
 from jaxsem.models import poisson
-from jaxsem.discretization import hierarchy
+from jaxsem.discretization import assembled, hierarchy
 from jaxsem.solvers import chebyshev, multigrid as mg
 
 import subproc
@@ -299,6 +299,41 @@ def test_vcycle_is_linear_symmetric_and_positive(case):
     assert 0.2 < ratio < 2.0
 
 
+@pytest.mark.parametrize("case", [curved, neumann])
+def test_assembled_cycle_equals_the_e_vector_cycle(case):
+    """The cycle whose finest level smooths on assembled vectors is ``Qᵀ(mult·vcycle(Q r))`` to
+    round-off; its node map holds one copy of every free node and none of a Dirichlet one."""
+    _, sem, pmg = case()
+    a, lv = sem.assembled, pmg.levels[0]
+    assert lv.pick is not None and pmg.global_operator is not None
+    g = lambda u: assembled.from_local(a, u, sem.mult)
+    r = rand(sem, 11, lead=(2,))
+    z = jax.jit(mg.vcycle_assembled)(pmg, g(r))
+    want = g(jax.jit(mg.vcycle)(pmg, r))
+    assert z.shape == want.shape == (2, a.size)
+    np.testing.assert_allclose(z, want, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(want))))
+    # every copy of a free node picked back gives the node: Q(one copy) = the E-vector itself
+    np.testing.assert_array_equal(assembled.to_local(a, mg._one_copy(lv.pick, r)), r)
+    np.testing.assert_allclose(lv.adinv, g(lv.dinv), rtol=1e-14, atol=0)  # copies equal to round-off
+    free = int(jnp.sum(g(sem.mask) > 0))
+    assert int(jnp.sum(lv.pick < sem.mult.size)) == free
+    assert (free < a.size) == bool(sem.dirichlet)
+
+
+def test_assembled_cycle_needs_the_node_map():
+    _, sem, pmg = small()
+    bare = mg.setup(hierarchy.levels(sem, (1,)), poisson.operator, poisson.jacobi)  # no global_operator
+    assert bare.levels[0].pick is None and bare.global_operator is None
+    with pytest.raises(ValueError, match="global_operator"):
+        mg.vcycle_assembled(bare, jnp.zeros(sem.assembled.size))
+    # a solve on assembled vectors with it runs the E-vector cycle: the same solution
+    b = poisson.load(sem, poisson.manufactured(5).f)
+    u1, i1 = pmg_solve(sem, bare, b)
+    u2, i2 = pmg_solve(sem, pmg, b)
+    assert int(i1.iterations) == int(i2.iterations)
+    np.testing.assert_allclose(u1, u2, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(u2))))
+
+
 # --- solves ----------------------------------------------------------------------------------
 
 def test_pmg_needs_few_iterations_independent_of_order():
@@ -405,6 +440,13 @@ def test_float32_cycle_inside_a_float64_solve():
     p32 = setup(sem, mesh, dtype="float32")
     assert p32.dtype == jnp.float32 and all(lv.sem.x.dtype == jnp.float32 for lv in p32.levels)
     assert p32.orders == p64.orders and p32.levels[0].sem is not sem
+    # the finest float32 level keeps the assembled storage of sem: the cycle runs on it there
+    assert p32.levels[0].sem.assembled is not None and p32.levels[0].pick is not None
+    assert all(lv.sem.assembled is None for lv in p32.levels[1:])
+    g = lambda u: assembled.from_local(sem.assembled, u, sem.mult)
+    za = mg.vcycle_assembled(p32, g(b))
+    assert za.dtype == jnp.float64
+    assert float(jnp.max(jnp.abs(za - g(mg.vcycle(p32, b)))) / jnp.max(jnp.abs(za))) < 1e-5
     z = mg.vcycle(p32, b)
     assert z.dtype == jnp.float64
     z64 = mg.vcycle(p64, b)

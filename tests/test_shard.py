@@ -84,13 +84,14 @@ def test_sharded_equals_serial(results):
         assert res[f"{name}_finite"] and res[f"{name}_dot_err"] < 1e-12, res
     assert len(set(res["gs_uneven_sizes"])) > 1 and sum(res["gs_uneven_sizes"]) == 15
     assert res["gs_periodic_xy_rounds"] >= 2 and res["gs_uneven_rounds"] >= 2, res  # several rounds per exchange
-    for name in ("bp5", "bp4", "bp5_affine"):
+    for name in ("bp5", "bp4", "bp5_affine", "bp5_pmg_uneven"):
         assert res[f"{name}_err"] < 1e-12 and res[f"{name}_converged"], res
         it_d, it_s = res[f"{name}_iterations"]
         assert it_d == it_s > 0, res
     for name in ("bp5_uneven_fixed17", "bp5_local_fixed17"):  # assembled and E-vector Krylov vectors
         assert res[f"{name}_iterations"] == [17, 17] and res[f"{name}_err"] < 1e-12, res
     assert res["bp5_storage"] is True and res["bp5_local_fixed17_storage"] is False
+    assert res["bp5_pmg_uneven_assembled_cycle"] is True
     assert res["bp5_affine_compact"] is True  # the compact factors of affine elements, on every device
     assert res["bp5_half_affine_stored"] is True  # one rank's elements affine, the others' not: none compact
     assert res["bench_history_err"] < 1e-12 and res["bench_shape_sharded"] != res["bench_shape_serial"], res

@@ -4,8 +4,10 @@ A coarse level is :func:`jaxsem.discretize` of the discretization's own mesh top
 (kept on it as :attr:`SEM.source`) at another order, its coordinates the finest level's
 interpolated to the coarse GLL points (curved geometry stays consistent), its elements
 where the fine ones are (same devices and blocks, or the same MPI ranks), its Dirichlet
-nodes where the fine level has any (Lottes & Fischer, J. Sci. Comput. 2005). Coarse
-levels keep E-vector storage: the V-cycle works on E-vectors.
+nodes where the fine level has any (Lottes & Fischer, J. Sci. Comput. 2005). Coarser
+levels keep E-vector storage; the finest, rebuilt in another floating-point type, keeps the
+storage of the discretization (the V-cycle's finest level runs on assembled vectors where
+the solve does).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _has_dirichlet(sem: SEM) -> bool | tuple:
     return (sem.dirichlet or True) if has else False
 
 
-def coarsen(sem: SEM, order: int, dtype=None, *, _x=None, _dirichlet=None) -> SEM:
+def coarsen(sem: SEM, order: int, dtype=None, *, _x=None, _dirichlet=None, _storage="local") -> SEM:
     """``sem``'s elements at polynomial order ``order`` (≤ ``sem.order``), for p-multigrid.
 
     Same partition (devices and blocks, or MPI ranks), Dirichlet nodes on the boundary
@@ -82,7 +84,7 @@ def coarsen(sem: SEM, order: int, dtype=None, *, _x=None, _dirichlet=None) -> SE
     mesh = dataclasses.replace(src.mesh, order=int(order), x=x)
     backend = "einsum" if sem.backend.name == "einsum" else "auto"
     c = discretize(mesh, quadrature=sem.quadrature, dirichlet=dirichlet, backend=backend,
-                   dtype=sem.x.dtype if dtype is None else dtype, storage="local",
+                   dtype=sem.x.dtype if dtype is None else dtype, storage=_storage,
                    **placement_of(sem, src.mesh, src.partition))
     if not np.array_equal(c.host_elements(), sem.host_elements()):
         raise ValueError("the coarse level was split differently from sem")
@@ -96,14 +98,15 @@ def levels(sem: SEM, orders=None, dtype=None) -> tuple:
     :func:`default_orders`, ended early (with a :class:`PMGScheduleWarning`) at the lowest
     order whose interpolated geometry does not fold. Given orders whose geometry folds are
     refused (``ValueError``). ``dtype``: the levels' floating-point type (default ``sem``'s);
-    another than ``sem``'s rebuilds the finest level in it too.
+    another than ``sem``'s rebuilds the finest level in it too (with ``sem``'s storage).
     """
     _source(sem)  # a SEM without a source is refused before any work
     dtype = sem.x.dtype if dtype is None else jnp.dtype(dtype)
     schedule = _orders(sem.order, orders)
     x = _fine_coordinates(sem)
     dirichlet = _has_dirichlet(sem)
-    out = [sem if dtype == sem.x.dtype else coarsen(sem, sem.order, dtype, _x=x, _dirichlet=dirichlet)]
+    storage = "local" if sem.assembled is None else "auto"
+    out = [sem if dtype == sem.x.dtype else coarsen(sem, sem.order, dtype, _x=x, _dirichlet=dirichlet, _storage=storage)]
     for order in schedule[1:]:
         try:
             out.append(coarsen(sem, order, dtype, _x=x, _dirichlet=dirichlet))

@@ -5,7 +5,6 @@ full discretization split like the finest, built by
 :func:`jaxsem.discretization.hierarchy.levels` (coordinates interpolated from the finest
 level, operator rediscretized there: the p-multigrid of Lottes & Fischer, J. Sci.
 Comput. 2005); this module needs only their operators, gather–scatter and products. Between
-levels:Between
 levels:
 
 * prolongation P: GLL-to-GLL Lagrange interpolation element by element,
@@ -27,6 +26,9 @@ inner products, hence no global reductions: only each level's gather–scatter.
 
 :func:`setup` measures the levels' spectra (a few Lanczos steps per level, compiled);
 :func:`vcycle` is a function of rank-local data, so it runs unchanged inside :meth:`SEM.local_map` (sharded devices) and under MPI.
+:func:`vcycle_assembled` is the same cycle for a solve on assembled vectors: its finest
+level smooths on them (no E-vector and no gather–scatter pass there), the coarser ones on
+E-vectors.
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core import basis
+from ..discretization import assembled
 from ..operators.tensor import interp, interp_t
+from ..parallel.comm import Blocks
 from . import chebyshev
 
 # The coarsest level's Chebyshev steps when κ asks for more: past this a coarser
 # schedule or another coarse solver is the remedy, not more steps.
 MAX_COARSE_STEPS = 500
 
-__all__ = ["PMGOptions", "PMG", "Level", "setup", "vcycle", "prolong", "restrict"]
+__all__ = ["PMGOptions", "PMG", "Level", "setup", "vcycle", "vcycle_assembled", "prolong", "restrict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +130,11 @@ class Level:
         coefficient is a scalar, kept static on :class:`PMG`).
       J: ``(n_finer, n)`` GLL-to-GLL interpolation to the next finer level (``None`` on
         the finest).
+      pick, adinv: on the finest level when it has assembled storage (``None`` elsewhere):
+        ``(size,)`` int32, the rank-local E-vector position (flattened) of one copy of each
+        node (``E·n³``, out of range, where the node has none on this rank's elements or is a
+        Dirichlet node), and ``(size,)`` the inverse diagonal on the nodes
+        (:func:`vcycle_assembled`).
     """
 
     sem: object
@@ -135,6 +144,8 @@ class Level:
     h1: jax.Array | None = None
     h2: jax.Array | None = None
     J: jax.Array | None = None
+    pick: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
+    adinv: jax.Array | None = dataclasses.field(default=None, metadata=dict(blocks=True))
 
 
 @jax.tree_util.register_dataclass
@@ -151,6 +162,9 @@ class PMG:
         (then each level holds its own).
       degree, coarse_steps: static smoother degree and coarse Chebyshev steps.
       options: the :class:`PMGOptions` it was built with.
+      global_operator: static ``(sem, h1, h2) -> (x -> A x)`` on assembled vectors
+        (:func:`jaxsem.elliptic.global_operator`) when the finest level has assembled
+        storage, else ``None``.
     """
 
     levels: tuple
@@ -160,6 +174,7 @@ class PMG:
     degree: int = dataclasses.field(metadata=dict(static=True))
     coarse_steps: int = dataclasses.field(metadata=dict(static=True))
     options: PMGOptions = dataclasses.field(metadata=dict(static=True))
+    global_operator: Callable | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def orders(self) -> tuple:
@@ -212,6 +227,52 @@ def vcycle(pmg: PMG, r):
     return _cycle(pmg, 0, r.astype(pmg.dtype)).astype(r.dtype)
 
 
+def vcycle_assembled(pmg: PMG, r):
+    """:func:`vcycle` on assembled vectors of the finest level: ``r, z: (..., size)``
+    (``pmg.levels[0].sem.assembled``; rank-local, as :func:`vcycle`).
+
+    The finest level smooths with its operator on assembled vectors (the gather, element
+    operator and sum of the copies in one kernel with the CUDA backend, no separate
+    gather–scatter pass); its residual goes to the coarser level as an E-vector and the
+    coarse correction, interpolated and continuous, comes back as one copy of each node.
+    Equals ``Qᵀ(mult · vcycle(Q r))`` up to round-off (the copies of a continuous field
+    differ only by it). Raises ``ValueError`` if the PMG was built without the finest
+    level's node map (:func:`setup` without ``global_operator``).
+    """
+    lv = pmg.levels[0]
+    if lv.pick is None or pmg.global_operator is None:
+        raise ValueError("pmg has no assembled finest level: build it with setup(..., global_operator=...) "
+                         "on a discretization with assembled storage")
+    x = r.astype(pmg.dtype)
+    A = pmg.global_operator(lv.sem, *pmg.coefficients(0))
+    if len(pmg.levels) == 1:
+        return chebyshev.first_kind(A, lv.adinv, lv.lmin, lv.rho, pmg.coarse_steps, x).astype(r.dtype)
+    coarse = pmg.levels[1]
+    z = chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x)
+    rc = restrict(coarse.sem, coarse.J, lv.sem.mult, assembled.to_local(lv.sem.assembled, x - A(z)))
+    z = z + _one_copy(lv.pick, prolong(coarse.J, _cycle(pmg, 1, rc)))
+    return chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x, z).astype(r.dtype)
+
+
+def _one_copy(pick, u):
+    """The assembled vector of a continuous E-vector ``u: (..., E, n, n, n)`` by one copy per
+    node: ``(..., size)`` (0 where ``pick`` is out of range)."""
+    flat = u.reshape(u.shape[: u.ndim - 4] + (-1,))
+    return jnp.take(flat, pick, axis=-1, mode="fill", fill_value=0)
+
+
+@jax.jit
+def _node_map(sem, dinv):
+    """``Blocks((pick, adinv))`` of the finest level (:class:`Level`), per rank."""
+    def local(s, dinv):
+        ids = s.assembled.idx.reshape(-1)
+        pos = jax.ops.segment_max(jnp.arange(ids.size, dtype=jnp.int32), ids, num_segments=s.assembled.size)
+        pick = jnp.where(pos < 0, ids.size, pos).astype(jnp.int32)  # no copy here (or Dirichlet): out of range
+        return Blocks((pick, _one_copy(pick, dinv)))
+
+    return sem.local_map(local, dinv)
+
+
 def _cycle(pmg: PMG, l: int, r):
     lv = pmg.levels[l]
     A = pmg.level_operator(l)
@@ -225,7 +286,7 @@ def _cycle(pmg: PMG, l: int, r):
 
 
 def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
-          options: PMGOptions = PMGOptions()) -> PMG:
+          options: PMGOptions = PMGOptions(), global_operator: Callable | None = None) -> PMG:
     """Build the p-multigrid preconditioner of ``u ↦ operator(sem, h1, h2)(u)`` on a hierarchy.
 
     Args:
@@ -240,6 +301,9 @@ def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
         per quadrature point ``(E, q, q, q)`` (interpolated to each level's quadrature points).
       options: :class:`PMGOptions` (its ``orders`` and ``dtype`` shape the hierarchy and
         are read where that is built).
+      global_operator: ``(sem, h1, h2) -> (x -> A x)`` on assembled vectors
+        (:func:`jaxsem.elliptic.global_operator`): with it, and assembled storage on the
+        finest level, :func:`vcycle_assembled` runs that level on assembled vectors.
     Returns a :class:`PMG`; one compiled Lanczos run per level measures its spectrum.
     """
     if not isinstance(options, PMGOptions):
@@ -268,7 +332,11 @@ def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
                 raise ValueError("sem has no unknowns (every node is a Dirichlet node): nothing to precondition")
             break
         J = None if l == 0 else jnp.asarray(basis.interp_matrix(s.n, sems[l - 1].n, "gll", "gll")[0], dtype)
-        built.append(Level(sem=s, dinv=dinv, lmin=lmin, rho=options.safety * lmax, h1=hs[0], h2=hs[1], J=J))
+        pick = adinv = None
+        if l == 0 and global_operator is not None and s.assembled is not None:
+            pick, adinv = _node_map(s, dinv).value
+        built.append(Level(sem=s, dinv=dinv, lmin=lmin, rho=options.safety * lmax, h1=hs[0], h2=hs[1], J=J,
+                           pick=pick, adinv=adinv))
 
     if options.coarse_steps is not None:
         coarse_steps = int(options.coarse_steps)
@@ -277,7 +345,8 @@ def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
         kappa = float(c.rho) / max(float(c.lmin), float(c.rho) * 1e-12)
         coarse_steps = min(chebyshev.steps_for(kappa, options.coarse_reduction), MAX_COARSE_STEPS)
     return PMG(levels=tuple(built), operator=operator, diagonal=diagonal, scalars=scalars,
-               degree=int(options.degree), coarse_steps=coarse_steps, options=options)
+               degree=int(options.degree), coarse_steps=coarse_steps, options=options,
+               global_operator=global_operator if built[0].pick is not None else None)
 
 
 def _scalar(h) -> bool:
