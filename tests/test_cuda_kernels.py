@@ -116,7 +116,9 @@ def test_bad_calls_are_clear_errors(monkeypatch):
 
 def test_build_keys_are_checked():
     assert ("bk5", "float64", 8) in ck.libraries() and ("gs", "float32", None) in ck.libraries()
-    assert len(ck.libraries()) == len(ck.OPS + ck.DERIVATIVE_OPS) * 2 * (ck.MAX_N - 1) + 2
+    assert len(ck.libraries()) == (len(ck.OPS + ck.DERIVATIVE_OPS) * 2 * (ck.MAX_N - 1)
+                                   + len(ck.TRANSFER_OPS) * 2 * (ck.MAX_N - 2) + 2)
+    assert ("interp", "float32", 8) in ck.libraries() and ("interp", "float32", 2) not in ck.libraries()
     with pytest.raises(ValueError, match="keys must be"):
         ck.build([("bk5", "float64", 17)])
 
@@ -470,6 +472,45 @@ def test_advection_throughput_models():
     assert at.flops_per_step(7, 1) == 5 * (115 * 512 + 11 * 384)  # split, upwind
     assert at.flops_per_step(7, 1, "chain", "central") == 5 * (60 * 512 + 7 * 384)
     assert at.flops_per_step(14, 2, "conservative") == 5 * 2 * (102 * 3375 + 11 * 1350)
+
+
+def test_interp_cuda_checks_its_arguments():
+    J = jnp.zeros((8, 5))
+    assert ck.transfer_supported(jnp.zeros((2, 5, 5, 5)), J, False)
+    assert ck.transfer_supported(jnp.zeros((3, 2, 8, 8, 8)), J, True)
+    assert not ck.transfer_supported(jnp.zeros((2, 8, 8, 8)), J, False)  # prolongation takes the coarse size
+    assert not ck.transfer_supported(jnp.zeros((2, 5, 5, 5)), J.T, False)  # m < n
+    assert not ck.transfer_supported(jnp.zeros((2, 5, 5, 5), jnp.int32), J, False)
+    with pytest.raises(ValueError, match="2 <= m < n <= 16"):
+        ck.interp_cuda(jnp.zeros((2, 17, 17, 17)), jnp.zeros((17, 9)), back=True)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n, m, lead", [(8, 5, ()), (5, 3, (2,)), (3, 2, ()), (16, 15, ()), (16, 2, (3,)), (9, 5, ())])
+def test_transfer_kernels_equal_einsum(dtype, n, m, lead):
+    """Prolongation and the restriction's transpose interpolation as one kernel equal the einsum
+    form (E ragged for every elements-per-block), and their tangents are the einsum form's."""
+    from jaxsem.core import basis
+    from jaxsem.operators.tensor import interp, interp_t
+
+    E = 37
+    J = jnp.asarray(basis.interp_matrix(m, n, "gll", "gll")[0], dtype)
+    assert J.shape == (n, m)
+    uc = jax.random.normal(jax.random.PRNGKey(n), lead + (E, m, m, m), dtype)
+    vf = jax.random.normal(jax.random.PRNGKey(m), lead + (E, n, n, n), dtype)
+    tol = 1e-13 if dtype == "float64" else 2e-6
+    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+    up, rv = ck.interp_cuda(uc, J), ck.interp_cuda(vf, J, back=True)
+    assert up.shape == vf.shape and rv.shape == uc.shape and up.dtype == rv.dtype == jnp.dtype(dtype)
+    # against the float64 einsum form of the same inputs (XLA's float32 dot on a GPU is TF32)
+    f64 = lambda a: a.astype(jnp.float64)
+    assert rel(up, interp(f64(uc), f64(J))) < tol and rel(rv, interp_t(f64(vf), f64(J))) < tol
+    # the transpose pair: <P u, v> = <u, Pᵀ v>
+    assert abs(float(jnp.vdot(up, vf) - jnp.vdot(uc, rv))) < 10 * tol * float(jnp.sum(jnp.abs(up * vf)))
+    if dtype == "float64":
+        g = jax.grad(lambda u: jnp.vdot(ck.interp_cuda(u, J), vf))(uc)
+        assert rel(g, interp_t(vf, J)) < 1e-13
 
 
 def test_gs_csr_cuda_checks_its_arguments():

@@ -43,6 +43,7 @@ from ._fused_dg import FusedDG
 from ..operators.convection import advection_local
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
+from ..operators.tensor import interp, interp_t
 
 __all__ = ["Backend", "CudaBackend", "EmulatedBackend", "BACKENDS", "EINSUM", "EMULATED", "CUDA", "resolve"]
 
@@ -92,6 +93,13 @@ class Backend:
         """BK3/BK4 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness(Q x)`` on Gauss points
         (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`)."""
         return stiffness_assembled(x, idx, J, Dt, G, h)
+
+    def interp(self, u, J, back: bool = False):
+        """The transfer between two orders of p-multigrid: ``(J⊗J⊗J) u`` (``J: (n, m)``,
+        ``u: (..., E, m, m, m)`` → ``(..., E, n, n, n)``), or with ``back`` the transpose
+        ``(Jᵀ⊗Jᵀ⊗Jᵀ) v`` (``(..., E, n, n, n)`` → ``(..., E, m, m, m)``):
+        :func:`jaxsem.operators.tensor.interp` / ``interp_t``."""
+        return interp_t(u, J) if back else interp(u, J)
 
     def convection(self, c, u, J, Dd, Brx):
         """The element-local weak (u·∇)c on a quadrature rule, not assembled:
@@ -181,6 +189,13 @@ class CudaBackend(FusedDG, Backend):
 
     def stiffness_gll_assembled(self, x, idx, D, G, h=None):
         return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
+
+    def interp(self, u, J, back: bool = False):
+        """:func:`jaxsem.backends.cuda.interp_cuda` where it runs the sizes (2 ≤ m < n ≤ 16), else
+        the einsum form."""
+        if not cuda.transfer_supported(u, J, back):
+            return super().interp(u, J, back)
+        return cuda.interp_cuda(u, J, back)
 
     def stiffness_assembled(self, x, idx, J, Dt, G, h=None):
         return cuda.stiffness_assembled_cuda(x, idx, J, Dt, G, h)

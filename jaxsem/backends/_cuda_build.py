@@ -27,7 +27,7 @@ for) ahead of time, in parallel.
 
 ``$JAXSEM_CUDA_LIB``: a folder of libraries built elsewhere from this source, used
 as they are and never compiled: ``sem_{op}_{f64|f32}_n{n}.so`` (op: one of
-:data:`OPS` or :data:`DERIVATIVE_OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``,
+:data:`OPS`, :data:`DERIVATIVE_OPS` or :data:`TRANSFER_OPS`; n = order + 1) and ``sem_gs_{f64|f32}.so``,
 each with its ``.so.sha256``; ``build(folder=…)`` writes such a folder. A kernel
 whose file is missing there, or does not match its digest, raises when it is
 first called.
@@ -54,7 +54,7 @@ import numpy as np
 from . import cache
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "libraries", "SOURCE", "MAX_N", "OPS",
-           "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2"]
+           "DERIVATIVE_OPS", "TRANSFER_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2"]
 
 SOURCE = Path(__file__).with_name("csrc") / "sem_kernels.cu"
 MAX_N = 16
@@ -66,6 +66,8 @@ OPS = ("bk5", "bk5a", "maxwell", "advection", "conv", "mass", "stiffness", "stif
 # maxwellm, the Maxwell right-hand side's material adjoint (maxwell_material_vjp_cuda); convt, the
 # transpose of the convective term's linearization (convection_vjp_cuda).
 DERIVATIVE_OPS = ("maxwellm", "convt")
+# p-multigrid transfers (interp_cuda): one library per dtype and fine size n, every coarse m < n in it
+TRANSFER_OPS = ("interp",)
 
 # The variants each operator has (csrc/sem_kernels.cu: the `case` labels of launch_bk5,
 # launch_mass, launch_stiffness; launch_maxwell and launch_advection, the DG right-hand sides,
@@ -194,9 +196,11 @@ def _arch(device) -> str:
 
 
 def libraries() -> list[tuple[str, str, int | None]]:
-    """Every library key: ``(op, dtype, n)`` for each operator, dtype and n = 2…16, and
+    """Every library key: ``(op, dtype, n)`` for each operator, dtype and n = 2…16 (the
+    transfers between orders, :data:`TRANSFER_OPS`: the fine n = 3…16), and
     ``("gs", dtype, None)`` for the gather–scatter."""
     return ([(op, dt, n) for op in OPS + DERIVATIVE_OPS for dt in DTYPES for n in range(2, MAX_N + 1)]
+            + [(op, dt, n) for op in TRANSFER_OPS for dt in DTYPES for n in range(3, MAX_N + 1)]
             + [("gs", dt, None) for dt in DTYPES])
 
 

@@ -9,6 +9,8 @@ Same contracts as the einsum references:
 * :func:`stiffness_cuda` — :func:`~jaxsem.operators.stiffness.stiffness` (BK3/BK4, q = n + 1)
 * :func:`gs_csr_cuda` — the gather–scatter QQᵀ as one gather (layout ``"csr"`` of
   :mod:`jaxsem.discretization.gather_scatter`)
+* :func:`interp_cuda` — :func:`~jaxsem.operators.tensor.interp` and ``interp_t`` between two
+  orders (the p-multigrid transfers)
 
 the dealiased Navier–Stokes convective term :func:`convection_cuda` —
 :func:`~jaxsem.operators.convection.advection_local` — and the fused DG right-hand sides :func:`maxwell_rhs_cuda` (with its material adjoint
@@ -40,17 +42,19 @@ from ..core import basis
 from ..operators.convection import advection_local
 from ._fused_dg import _batch_by_map, _symbolic
 from ..operators.mass import mass
+from ..operators.tensor import interp, interp_t
 from ..operators.stiffness import (is_compact, stiffness, stiffness_assembled, stiffness_gll,
                                    stiffness_gll_assembled, with_coefficient)
-from ._cuda_build import (DEFAULT, DERIVATIVE_OPS, MAX_N, OPS, PREFETCH_L2, SOURCE, TUNING, VARIANTS, _attr,
+from ._cuda_build import (DEFAULT, DERIVATIVE_OPS, MAX_N, OPS, PREFETCH_L2, SOURCE, TRANSFER_OPS, TUNING, VARIANTS, _attr,
                           _ffi_target, build, cuda_available, cuda_supported, defaults, libraries)
 from ._cuda_build import _cached  # noqa: F401  (the cache's path, read by tests/test_kernel_cache.py)
 
 __all__ = ["build", "cuda_available", "cuda_supported", "defaults", "stiffness_gll_cuda",
            "stiffness_gll_assembled_cuda", "maxwell_rhs_cuda", "advection_rhs_cuda", "mass_cuda",
-           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "convection_cuda", "convection_vjp_cuda",
+           "stiffness_cuda", "stiffness_assembled_cuda", "gs_csr_cuda", "interp_cuda", "transfer_supported",
+           "convection_cuda", "convection_vjp_cuda",
            "convection_vjp_reference", "convection_emulated", "convection_q", "maxwell_material_vjp_cuda", "libraries",
-           "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
+           "SOURCE", "MAX_N", "OPS", "DERIVATIVE_OPS", "TRANSFER_OPS", "VARIANTS", "TUNING", "DEFAULT", "PREFETCH_L2", "ADVECTION_FORMS"]
 
 
 def _call(op: str, attr: int, u, *args):
@@ -485,6 +489,52 @@ def stiffness_cuda(u, J, Dt, G, h1=None):
     if h1 is not None:
         G = G * h1
     return _apply(u, J.astype(u.dtype), Dt.astype(u.dtype), G.astype(u.dtype), "stiffness", attr)
+
+
+def _interp_reference(u, J, back):
+    return interp_t(u, J) if back else interp(u, J)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _transfer(u, J, back):
+    n, m = J.shape
+    E, a = u.shape[-4], u.shape[-1]
+    b = m if back else n
+    u5 = u.reshape((-1, E, a, a, a))
+    call = jax.ffi.ffi_call(_ffi_target("interp", u.dtype, n), jax.ShapeDtypeStruct(u5.shape[:2] + (b, b, b), u.dtype),
+                            vmap_method="sequential")
+    return call(u5, J, variant=np.int32(1 if back else 0)).reshape(u.shape[:-3] + (b, b, b))
+
+
+@_transfer.defjvp
+def _transfer_jvp(back, primals, tangents):  # tangent: the einsum reference's (transposable)
+    _, dw = jax.jvp(lambda u, J: _interp_reference(u, J, back), primals, tangents)
+    return _transfer(*primals, back), dw
+
+
+def transfer_supported(u, J, back: bool) -> bool:
+    """Whether :func:`interp_cuda` runs these shapes: ``J: (n, m)`` with 2 ≤ m < n ≤ 16, ``u``
+    float32/float64 ``(..., E, a, a, a)`` with a = m (prolongation) or n (``back``)."""
+    if J.ndim != 2 or u.ndim < 4 or u.dtype not in (jnp.float32, jnp.float64):
+        return False
+    n, m = J.shape
+    a = n if back else m
+    return 2 <= m < n <= MAX_N and u.shape[-3:] == (a, a, a)
+
+
+def interp_cuda(u, J, back: bool = False):
+    """The p-multigrid transfer between orders as one kernel: ``(J⊗J⊗J) u``, ``(..., E, m, m, m)``
+    → ``(..., E, n, n, n)`` (:func:`~jaxsem.operators.tensor.interp`), or with ``back`` its
+    transpose ``(Jᵀ⊗Jᵀ⊗Jᵀ) v``, ``(..., E, n, n, n)`` → ``(..., E, m, m, m)``
+    (:func:`~jaxsem.operators.tensor.interp_t`); ``J: (n, m)``, 2 ≤ m < n ≤ 16. Leading axes
+    run in one launch. Tangents: the einsum form's."""
+    if not transfer_supported(u, J, back):
+        raise ValueError(f"interp_cuda supports J: (n, m) with 2 <= m < n <= {MAX_N} and u: (..., E, a, a, a) "
+                         f"float32/float64, a = {'n' if back else 'm'}; got u {u.shape} {u.dtype}, J {J.shape}")
+    if not cuda_available():
+        raise ValueError(f"interp_cuda: the CUDA kernels need a CUDA GPU as JAX's backend and nvcc "
+                         f"(backend here: {jax.default_backend()}); use backend='einsum'")
+    return _transfer(u, J.astype(u.dtype), bool(back))
 
 
 def gs_csr_cuda(u, off, idx):

@@ -41,9 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..backends import EINSUM
 from ..core import basis
 from ..discretization import assembled
-from ..operators.tensor import interp, interp_t
+from ..operators.tensor import interp
 from ..parallel.comm import Blocks
 from . import chebyshev
 
@@ -196,13 +197,14 @@ class PMG:
         return self.operator(self.levels[level].sem, *self.coefficients(level))
 
 
-def prolong(J, uc):
+def prolong(J, uc, backend=EINSUM):
     """Interpolate a level's E-vector to the next finer one: ``(..., E, m, m, m) → (..., E, n, n, n)``.
 
     ``J: (n, m)`` GLL-to-GLL interpolation; element by element, continuous fields stay
-    continuous (to round-off) and coarse polynomials are reproduced exactly.
+    continuous (to round-off) and coarse polynomials are reproduced exactly. ``backend``:
+    whose transfer kernel (:meth:`jaxsem.backends.Backend.interp`; the levels' own in a cycle).
     """
-    return interp(uc, J)
+    return backend.interp(uc, J)
 
 
 def restrict(coarse, J, mult_fine, rf):
@@ -210,9 +212,9 @@ def restrict(coarse, J, mult_fine, rf):
 
     ``rf: (..., E, n, n, n)`` a continuous (assembled) fine residual; returns the coarse
     one ``(..., E, m, m, m)``, so that ⟨P u, v⟩_f = ⟨u, R v⟩_c in the multiplicity-weighted
-    products of :meth:`SEM.dot`.
+    products of :meth:`SEM.dot`. The transfer is ``coarse.backend``'s.
     """
-    return coarse.mask * coarse.dssum(interp_t(mult_fine * rf, J))
+    return coarse.mask * coarse.dssum(coarse.backend.interp(mult_fine * rf, J, back=True))
 
 
 def vcycle(pmg: PMG, r):
@@ -250,7 +252,7 @@ def vcycle_assembled(pmg: PMG, r):
     coarse = pmg.levels[1]
     z = chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x)
     rc = restrict(coarse.sem, coarse.J, lv.sem.mult, assembled.to_local(lv.sem.assembled, x - A(z)))
-    z = z + _one_copy(lv.pick, prolong(coarse.J, _cycle(pmg, 1, rc)))
+    z = z + _one_copy(lv.pick, prolong(coarse.J, _cycle(pmg, 1, rc), lv.sem.backend))
     return chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x, z).astype(r.dtype)
 
 
@@ -281,7 +283,7 @@ def _cycle(pmg: PMG, l: int, r):
     coarse = pmg.levels[l + 1]
     x = chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r)
     rc = restrict(coarse.sem, coarse.J, lv.sem.mult, r - A(x))
-    x = x + prolong(coarse.J, _cycle(pmg, l + 1, rc))
+    x = x + prolong(coarse.J, _cycle(pmg, l + 1, rc), lv.sem.backend)
     return chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r, x)
 
 

@@ -1966,6 +1966,95 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
   return stiffness_typed<JAXSEM_REAL>(st, variant, s, u, J, Dq, G, w);
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+#elif defined(JAXSEM_OP_INTERP)
+// p-multigrid transfers between two orders (jaxsem.solvers.multigrid), J (n, m) the GLL-to-GLL
+// interpolation from m to n = JAXSEM_N points (m < n, from the shapes):
+//   variant 0, prolongation:              w = J⊗J⊗J u,    u (C, E, m³) → w (C, E, n³)
+//   variant 1, restriction's transpose:   w = Jᵀ⊗Jᵀ⊗Jᵀ v, v (C, E, n³) → w (C, E, m³)
+// One element per n×n thread layer (the mass kernel's forward_element / back_element with
+// N = m, Q = n): the element goes through shared memory once, J sits in shared memory, every
+// value is read and written once, coalesced. The einsum form is jaxsem.operators.tensor.interp.
+template <int N, int Q, typename T, bool BACK>
+__global__ void __launch_bounds__(Q * Q * elements_per_block<Q>())
+interp_kernel(int64_t E, int C, const T* __restrict__ u, const T* __restrict__ J, T* __restrict__ w) {
+  constexpr int EB = elements_per_block<Q>();
+  constexpr int64_t n3 = N * N * N, q3 = Q * Q * Q;
+  T* sJ = reinterpret_cast<T*>(jaxsem_smem);  // sJ[c*N + k] = J[c][k]
+  const int a = threadIdx.x, b = threadIdx.y, z = threadIdx.z;
+  T* A = sJ + Q * N + z * mass_region<N, Q>();
+  T* Bf = A + N * N * Q;
+  const int tid = a + Q * (b + Q * z);
+  for (int t = tid; t < Q * N; t += Q * Q * EB) sJ[t] = J[t];
+  __syncthreads();
+  const int64_t e = int64_t(blockIdx.x) * EB + z;
+  const bool active = e < E;
+  const int64_t ee = active ? e : 0;
+  for (int c = 0; c < C; ++c) {
+    if constexpr (BACK) {
+      T rv[Q];
+      const T* ve = u + (c * E + ee) * q3 + b * Q + a;
+#pragma unroll
+      for (int k = 0; k < Q; ++k) rv[k] = active ? ve[k * Q * Q] : T(0);
+      back_element<N, Q, T>(w + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rv);
+    } else {
+      T rx[Q];
+      forward_element<N, Q, T>(u + (c * E + ee) * n3, active, a, b, sJ, static_cast<const T*>(sJ), A, Bf, rx);
+      if (active) {
+        T* we = w + (c * E + ee) * q3 + b * Q + a;
+#pragma unroll
+        for (int k = 0; k < Q; ++k) we[k * Q * Q] = rx[k];
+      }
+    }
+  }
+}
+
+template <int N, int Q, typename T, bool BACK>
+void launch_interp_mn(cudaStream_t st, int64_t E, int C, const T* u, const T* J, T* w) {
+  constexpr int EB = elements_per_block<Q>();
+  const size_t smem = sizeof(T) * (Q * N + EB * mass_region<N, Q>());
+  auto kernel = interp_kernel<N, Q, T, BACK>;
+  allow_smem(kernel, smem);
+  const int64_t blocks = (E + EB - 1) / EB;
+  kernel<<<dim3(unsigned(blocks)), dim3(Q, Q, EB), smem, st>>>(E, C, u, J, w);
+}
+
+// the coarse size m at run time: one instance per m = 2 … n − 1
+template <int Q, typename T, bool BACK, int N = 2>
+bool launch_interp(int m, cudaStream_t st, int64_t E, int C, const T* u, const T* J, T* w) {
+  if constexpr (N >= Q) {
+    return false;
+  } else {
+    if (m == N) {
+      launch_interp_mn<N, Q, T, BACK>(st, E, C, u, J, w);
+      return true;
+    }
+    return launch_interp<Q, T, BACK, N + 1>(m, st, E, C, u, J, w);
+  }
+}
+
+ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::AnyBuffer J,
+                       ffi::Result<ffi::AnyBuffer> w) {
+  using T = JAXSEM_REAL;
+  auto d = u.dimensions();
+  auto dj = J.dimensions();
+  if (u.element_type() != real_type() || J.element_type() != real_type())
+    return ffi::Error::InvalidArgument("jaxsem interp: this library was built for another dtype");
+  if (d.size() != 5 || dj.size() != 2 || dj[0] != JAXSEM_N || !(variant == 0 || variant == 1))
+    return ffi::Error::InvalidArgument("jaxsem interp: u must be (C, E, a, a, a), J (n, m) with this library's n");
+  const int m = int(dj[1]);
+  const int64_t in = variant == 0 ? m : JAXSEM_N;
+  if (m < 2 || m >= JAXSEM_N || d[2] != in || d[3] != in || d[4] != in)
+    return ffi::Error::InvalidArgument("jaxsem interp: u's element size must be J's m (prolongation) or n");
+  const int64_t C = d[0], E = d[1];
+  if (C == 0 || E == 0) return ffi::Error::Success();
+  auto pu = static_cast<const T*>(u.untyped_data());
+  auto pJ = static_cast<const T*>(J.untyped_data());
+  auto pw = static_cast<T*>(w->untyped_data());
+  const bool ok = variant == 0 ? launch_interp<JAXSEM_N, T, false>(m, st, E, int(C), pu, pJ, pw)
+                               : launch_interp<JAXSEM_N, T, true>(m, st, E, int(C), pu, pJ, pw);
+  return finish(ok);
+}
+#define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #elif defined(JAXSEM_OP_GS)
 // Gather–scatter QQᵀ as a gather only (gather_scatter.py, layout "csr"): local node i of a
 // (C, L) E-vector gets the sum of its node's copies, idx[off[i]:off[i+1]] (every copy, itself
@@ -2026,7 +2115,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 }
 #define JAXSEM_ARGS .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
 #else
-#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _CONV, _CONVT, _MASS, _STIFFNESS, _STIFFNESSA, _GS"
+#error "define one of JAXSEM_OP_BK5, _BK5A, _MAXWELL, _MAXWELLM, _ADVECTION, _CONV, _CONVT, _MASS, _STIFFNESS, _STIFFNESSA, _INTERP, _GS"
 #endif
 
 }  // namespace
@@ -2039,7 +2128,7 @@ ffi::Error kernel_impl(cudaStream_t st, int32_t variant, ffi::AnyBuffer u, ffi::
 #endif
 
 // One handler per library: jaxsem/backends/cuda.py compiles this file once per operator, dtype
-// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|CONV|CONVT|MASS|STIFFNESS|STIFFNESSA|GS
+// and (element kernels) order: -DJAXSEM_OP_BK5|BK5A|MAXWELL|MAXWELLM|ADVECTION|CONV|CONVT|MASS|STIFFNESS|STIFFNESSA|INTERP|GS
 // -DJAXSEM_REAL=double|float -DJAXSEM_N=n.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsemKernel, kernel_impl,
                               ffi::Ffi::Bind()
