@@ -7,7 +7,12 @@ the device's memory, (c) in the host's (``jax.device_put(x, jax.memory.Space.Hos
 ``Checkpointing(offload=True)`` does), (d) in the host's as one concatenated buffer. Then a reverse
 scan reads (b), (c) or (d) back and reduces it. Times are the best of three compiled runs.
 
+``--calls N`` measures the first-call cost instead: one compiled program stores the states in the
+host's memory and reads them back (the host buffer a temporary of the program, as in a
+checkpointed gradient), called N times in a fresh process, every call's time kept.
+
     python -m experiments.host_offload_probe --out host_offload_probe.json   # one GPU
+    python -m experiments.host_offload_probe --steps 120 --calls 3 --out first_call.json
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ def main(argv=None):
     ap.add_argument("--leaves", type=int, default=18)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=0, help="time N calls of one store-and-load program (first-call cost)")
     a = ap.parse_args(argv)
+    if a.calls:
+        return first_calls(a)
     n = a.order + 1
     shape = (a.elements**3, n, n, n)
     y0 = [jnp.full(shape, 1.0 + i) for i in range(a.leaves)]
@@ -71,6 +79,47 @@ def main(argv=None):
                                 write_GBps=state_bytes * a.steps / extra / 1e9 if extra > 0 else None,
                                 load_seconds=tl, load_GBps=state_bytes * a.steps / tl / 1e9))
         print(res["rows"][-1], flush=True)
+        write_json(a.out, res)
+    return res
+
+
+def first_calls(a):
+    """Every call's wall time of one compiled program that keeps ``a.steps`` states in the host's
+    pinned memory and reads them back."""
+    import time
+
+    n = a.order + 1
+    shape = (a.elements**3, n, n, n)
+    y0 = [jnp.full(shape, 1.0 + i) for i in range(a.leaves)]
+    state_bytes = a.leaves * 8 * a.elements**3 * n**3
+    dev = jax.devices()[0]
+    to_host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    to_dev = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+
+    def program(y):
+        def fwd(y, _):
+            return [x * 1.0000001 for x in y], [jax.device_put(x, to_host) for x in y]
+
+        y, ys = jax.lax.scan(fwd, y, None, length=a.steps)
+
+        def bwd(c, s):
+            return c + sum(jnp.sum(jax.device_put(x, to_dev)) for x in s), None
+
+        c, _ = jax.lax.scan(bwd, jnp.zeros(()), ys, reverse=True)
+        return c + sum(jnp.sum(x) for x in y)
+
+    t0 = time.perf_counter()
+    f = jax.jit(program).lower(y0).compile()
+    compile_s = time.perf_counter() - t0
+    res = dict(record("host_offload_first_call"),
+               case=dict(elements=a.elements, order=a.order, leaves=a.leaves, steps=a.steps, state_bytes=state_bytes,
+                         host_bytes=state_bytes * a.steps),
+               compile_seconds=compile_s, calls=[])
+    for _ in range(a.calls):
+        t0 = time.perf_counter()
+        v = float(f(y0))
+        res["calls"].append(time.perf_counter() - t0)
+        print(dict(call=len(res["calls"]), seconds=res["calls"][-1], value=v), flush=True)
         write_json(a.out, res)
     return res
 
