@@ -43,7 +43,7 @@ from ._fused_dg import FusedDG
 from ..operators.convection import advection_local
 from ..operators.mass import mass
 from ..operators.stiffness import stiffness, stiffness_assembled, stiffness_gll, stiffness_gll_assembled
-from ..operators.tensor import interp, interp_t
+from ..operators.tensor import grad_gll, grad_gll_sums, grad_gll_t, grad_gll_t_sums, interp, interp_t
 
 __all__ = ["Backend", "CudaBackend", "EmulatedBackend", "BACKENDS", "EINSUM", "EMULATED", "CUDA", "resolve"]
 
@@ -93,6 +93,15 @@ class Backend:
         """BK3/BK4 on assembled vectors ``x: (..., nf)``: ``Qᵀ stiffness(Q x)`` on Gauss points
         (``Q``, ``Qᵀ`` as for :meth:`stiffness_gll_assembled`)."""
         return stiffness_assembled(x, idx, J, Dt, G, h)
+
+    def grad_gll(self, u, D):
+        """The collocated reference gradient ``(ur, us, ut)`` of ``u: (..., E, n, n, n)``:
+        :func:`jaxsem.operators.tensor.grad_gll`."""
+        return grad_gll(u, D)
+
+    def grad_gll_t(self, wr, ws, wt, D):
+        """Its transpose: :func:`jaxsem.operators.tensor.grad_gll_t`."""
+        return grad_gll_t(wr, ws, wt, D)
 
     def interp(self, u, J, back: bool = False):
         """The transfer between two orders of p-multigrid: ``(J⊗J⊗J) u`` (``J: (n, m)``,
@@ -189,6 +198,14 @@ class CudaBackend(FusedDG, Backend):
 
     def stiffness_gll_assembled(self, x, idx, D, G, h=None):
         return cuda.stiffness_gll_assembled_cuda(x, idx, D, G, h)
+
+    def grad_gll(self, u, D):
+        """:func:`jaxsem.operators.tensor.grad_gll_sums`: one elementwise pass per direction."""
+        return grad_gll_sums(u, D)
+
+    def grad_gll_t(self, wr, ws, wt, D):
+        """:func:`jaxsem.operators.tensor.grad_gll_t_sums`."""
+        return grad_gll_t_sums(wr, ws, wt, D)
 
     def interp(self, u, J, back: bool = False):
         """:func:`jaxsem.backends.cuda.interp_cuda` where it runs the sizes (2 ≤ m < n ≤ 16), else

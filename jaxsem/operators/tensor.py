@@ -2,6 +2,13 @@
 
 ``J: (q, n)`` interpolation and ``Dt: (q, n)`` derivative matrices act along one
 axis at a time (i is r, j is s, k is t): O(n⁴) work per element instead of n⁶.
+
+:func:`grad_gll_sums` and :func:`grad_gll_t_sums` are :func:`grad_gll` and :func:`grad_gll_t`
+written as unrolled sums of scaled slices (``Σ_j D[b, j] u[..., j, :]``) instead of einsums:
+the same products summed in another order. On a GPU XLA compiles each direction to one
+elementwise pass, where the einsum form becomes batched GEMMs with transposes (about half the
+time on an H200: ``experiments/tensor_contractions.py``); on a CPU the einsum form is the
+faster. The CUDA backend uses the sums (:meth:`jaxsem.backends.Backend.grad_gll`).
 """
 
 import jax.numpy as jnp
@@ -60,3 +67,26 @@ def grad_gll_t(wr, ws, wt, D):
     """Transpose of :func:`grad_gll`."""
     Dt = D.T
     return _i(Dt, wr) + _j(Dt, ws) + _k(Dt, wt)
+
+
+def _i_sums(M, u):
+    return sum(M[:, m] * u[..., m:m + 1] for m in range(u.shape[-1]))
+
+
+def _j_sums(M, u):
+    return sum(M[:, m, None] * u[..., m:m + 1, :] for m in range(u.shape[-2]))
+
+
+def _k_sums(M, u):
+    return sum(M[:, m, None, None] * u[..., m:m + 1, :, :] for m in range(u.shape[-3]))
+
+
+def grad_gll_sums(u, D):
+    """:func:`grad_gll` as unrolled sums of scaled slices (one elementwise pass per direction on a GPU)."""
+    return _i_sums(D, u), _j_sums(D, u), _k_sums(D, u)
+
+
+def grad_gll_t_sums(wr, ws, wt, D):
+    """:func:`grad_gll_t` as unrolled sums of scaled slices."""
+    Dt = D.T
+    return _i_sums(Dt, wr) + _j_sums(Dt, ws) + _k_sums(Dt, wt)

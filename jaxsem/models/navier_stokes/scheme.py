@@ -22,7 +22,7 @@ from ...discretization.shard import replicated
 from ...elliptic import Helmholtz, helmholtz, pure_neumann, solve_local, unit_diagonals
 from ...mesh.box import Mesh
 from ...mesh.numbering import number_nodes
-from ...operators.tensor import grad_gll, grad_gll_t, interp
+from ...operators.tensor import interp
 from ...parallel.comm import gpu_devices
 from ...solvers import multigrid
 from ...solvers.pcg import PCGInfo, min_tol
@@ -421,7 +421,7 @@ def _fields(s: SEM, Jd, Dd, wd):
 
 def _grad(s: SEM, u):
     """``g[i, j] = ∂u_j/∂x_i`` element by element: ``u: (c, E, n, n, n) -> (3, c, E, n, n, n)``."""
-    ur, us, ut = grad_gll(u, s.D)
+    ur, us, ut = s.backend.grad_gll(u, s.D)
     rx = s.geom.rx
     return jnp.stack([rx[0, i] * ur + rx[1, i] * us + rx[2, i] * ut for i in range(3)])
 
@@ -468,7 +468,7 @@ def _weak_grad_t(s: SEM, R):
     """(∇φ, R) element by element: ``R: (3, E, n, n, n) -> (E, n, n, n)``."""
     rx, B = s.geom.rx, s.bmass
     w = [B * (rx[a, 0] * R[0] + rx[a, 1] * R[1] + rx[a, 2] * R[2]) for a in range(3)]
-    return grad_gll_t(w[0], w[1], w[2], s.D)
+    return s.backend.grad_gll_t(w[0], w[1], w[2], s.D)
 
 
 def _lift(ns: NavierStokes, s: SEM, t):
