@@ -42,7 +42,7 @@ def unrolled_forms():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--elements", type=int, default=36)
+    ap.add_argument("--elements", type=int, default=8, help="elements per direction (36: the TGV case, on a GPU)")
     ap.add_argument("--order", type=int, default=7)
     ap.add_argument("--comps", type=int, default=3)
     ap.add_argument("--dtype", default="float64", choices=("float64", "float32"))
