@@ -153,7 +153,8 @@ class NavierStokes:
         pressure gradient along a periodic axis), or None.
       diagonals: ``(dA, dB)``, each ``(E, n, n, n)``: the assembled diagonals of −∇² and of the
         mass matrix on the velocity's nodes (:func:`jaxsem.elliptic.unit_diagonals`): the
-        Jacobi preconditioner of the velocity and scalar solves in each step, without element work.
+        Jacobi preconditioner of the velocity and scalar solves in each step, without element work
+        (None: from the coefficients in each solve).
     """
 
     sem: SEM
@@ -173,7 +174,7 @@ class NavierStokes:
     scalars: tuple = ()
     buoyancy: object = None
     drive: object = None
-    diagonals: tuple = ()
+    diagonals: tuple | None = None
 
     @property
     def scalar_names(self) -> tuple:
@@ -525,7 +526,7 @@ def _remember(P: Helmholtz, basis, x):
 
 def _velocity(ns: NavierStokes, h2) -> Helmholtz:
     """(h₂B + νA) on the velocity space, Jacobi-preconditioned (no set-up: built each step)."""
-    return Helmholtz.of(ns.sem, ns.nu, h2, diagonals=ns.diagonals or None)
+    return Helmholtz.of(ns.sem, ns.nu, h2, diagonals=ns.diagonals)
 
 
 def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
@@ -536,7 +537,7 @@ def _velocity_by_component(ns: NavierStokes, s: SEM, h2, w, ux, L):
     o, m = ns.options, ns.bc.component_mask
     us, infos = [], []
     for c in range(3):
-        V = Helmholtz.of(s.with_mask(m[c], s.dirichlet), ns.nu, h2, diagonals=ns.diagonals or None)
+        V = Helmholtz.of(s.with_mask(m[c], s.dirichlet), ns.nu, h2, diagonals=ns.diagonals)
         b = m[c] * s.dssum(w[c])
         if L is not None:
             b = b - V.apply(L[c])
@@ -579,7 +580,7 @@ def _scalars_local(ns: NavierStokes, s: SEM, st: State, beta, a, t1):
     out, infos = [], []
     for i, f in enumerate(ns.scalars):
         ts = f.sem(s)
-        H = Helmholtz.of(ts, f.kappa, h2, diagonals=ns.diagonals or None)
+        H = Helmholtz.of(ts, f.kappa, h2, diagonals=ns.diagonals)
         w = s.bmass * (Tb[i] + Fx[i])
         if f.source is not None:
             w = w + s.bmass * jnp.asarray(f.source(s.x[0], s.x[1], s.x[2], t1), s.x.dtype)
