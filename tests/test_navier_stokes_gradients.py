@@ -164,8 +164,9 @@ def test_binomial_schedule_starts_each_adjoint_from_the_later_steps():
 
 def test_fused_convection_gradient_equals_einsum():
     """Through four steps, the gradient w.r.t. ν and U⁰ with the fused convective term's derivative
-    rules (the linear primitive and its transposed kernel; values from the einsum form: the
-    emulated backend) equals the einsum backend's to round-off."""
+    rules (the linear primitive and its transposed kernel; values from the einsum form) and the
+    CUDA backend's gradients as unrolled sums — the emulated backend — equals the einsum
+    backend's to round-off."""
     import jax
 
     from jaxsem.backends import EMULATED

@@ -164,11 +164,20 @@ class EmulatedBackend(FusedDG, _LocalKernels, Backend):
     where :class:`CudaBackend` does (the same primitives, transpose and material-adjoint rules,
     halo correction), each kernel's value computed by the einsum local operator: tests of that
     path need no GPU. The SEM operators are the einsum reference's, given the compact
-    affine factors where the CUDA backend would get them.
+    affine factors where the CUDA backend would get them; the collocated gradient is the CUDA
+    backend's unrolled sums (pure JAX, so the same everywhere).
     """
 
     name: ClassVar[str] = "emulated"
     compact_affine: ClassVar[bool] = True
+
+    def grad_gll(self, u, D):
+        """The CUDA backend's form: :func:`jaxsem.operators.tensor.grad_gll_sums`."""
+        return grad_gll_sums(u, D)
+
+    def grad_gll_t(self, wr, ws, wt, D):
+        """The CUDA backend's form: :func:`jaxsem.operators.tensor.grad_gll_t_sums`."""
+        return grad_gll_t_sums(wr, ws, wt, D)
 
 
 @dataclasses.dataclass(frozen=True)
