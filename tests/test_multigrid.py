@@ -27,7 +27,6 @@ from jaxsem.discretization import assembled, hierarchy
 from jaxsem.solvers import chebyshev, multigrid as mg
 
 import subproc
-from test_gmsh import _write_hex27_native
 
 
 def pmg_solve(sem, pmg, b, tol=1e-10, h1=1.0, h2=0.0, method="classic", maxiter=1000):
@@ -372,6 +371,8 @@ def test_bp4_vector_field():
 def test_gmsh_file_curved_hex27(tmp_path):
     """A mesh read from a .msh file: 3³ curved triquadratic (hex27) elements in Gmsh's node
     order, a non-box domain (curved faces), read at order 4; BP5-like Dirichlet Poisson."""
+    from test_gmsh import _write_hex27_native  # here: test_gmsh needs meshio, which a GPU session may lack
+
     path = tmp_path / "curved27.msh"
     _write_hex27_native(path, (3, 3, 3))
     mesh = read_gmsh(path, order=4)
