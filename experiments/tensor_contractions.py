@@ -17,27 +17,17 @@ import jax
 import jax.numpy as jnp
 
 from experiments.common import best_seconds, record, write_json
+from jaxsem.operators import tensor
 
 jax.config.update("jax_enable_x64", True)
 
 
 def einsum_forms():
-    return (lambda M, u: jnp.einsum("ai,...kji->...kja", M, u),
-            lambda M, u: jnp.einsum("bj,...kji->...kbi", M, u),
-            lambda M, u: jnp.einsum("ck,...kji->...cji", M, u))
+    return tensor._i, tensor._j, tensor._k
 
 
 def unrolled_forms():
-    def i_(M, u):
-        return sum(M[:, m] * u[..., m:m + 1] for m in range(u.shape[-1]))
-
-    def j_(M, u):
-        return sum(M[:, m, None] * u[..., m:m + 1, :] for m in range(u.shape[-2]))
-
-    def k_(M, u):
-        return sum(M[:, m, None, None] * u[..., m:m + 1, :, :] for m in range(u.shape[-3]))
-
-    return i_, j_, k_
+    return tensor._i_sums, tensor._j_sums, tensor._k_sums
 
 
 def main(argv=None):

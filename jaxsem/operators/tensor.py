@@ -6,9 +6,8 @@ axis at a time (i is r, j is s, k is t): O(n⁴) work per element instead of n�
 :func:`grad_gll_sums` and :func:`grad_gll_t_sums` are :func:`grad_gll` and :func:`grad_gll_t`
 written as unrolled sums of scaled slices (``Σ_j D[b, j] u[..., j, :]``) instead of einsums:
 the same products summed in another order. On a GPU XLA compiles each direction to one
-elementwise pass, where the einsum form becomes batched GEMMs with transposes (about half the
-time on an H200: ``experiments/tensor_contractions.py``); on a CPU the einsum form is the
-faster. The CUDA backend uses the sums (:meth:`jaxsem.backends.Backend.grad_gll`).
+elementwise pass, where the einsum form becomes batched GEMMs with transposes; on a CPU the
+einsum form is the faster. The CUDA backend uses the sums (:meth:`jaxsem.backends.Backend.grad_gll`).
 """
 
 import jax.numpy as jnp

@@ -245,15 +245,10 @@ def vcycle_assembled(pmg: PMG, r):
     if lv.pick is None or pmg.global_operator is None:
         raise ValueError("pmg has no assembled finest level: build it with setup(..., global_operator=...) "
                          "on a discretization with assembled storage")
-    x = r.astype(pmg.dtype)
     A = pmg.global_operator(lv.sem, *pmg.coefficients(0))
-    if len(pmg.levels) == 1:
-        return chebyshev.first_kind(A, lv.adinv, lv.lmin, lv.rho, pmg.coarse_steps, x).astype(r.dtype)
-    coarse = pmg.levels[1]
-    z = chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x)
-    rc = restrict(coarse.sem, coarse.J, lv.sem.mult, assembled.to_local(lv.sem.assembled, x - A(z)))
-    z = z + _one_copy(lv.pick, prolong(coarse.J, _cycle(pmg, 1, rc), lv.sem.backend))
-    return chebyshev.fourth_kind(A, lv.adinv, lv.rho, pmg.degree, x, z).astype(r.dtype)
+    down = functools.partial(assembled.to_local, lv.sem.assembled)
+    up = functools.partial(_one_copy, lv.pick)
+    return _cycle(pmg, 0, r.astype(pmg.dtype), A, lv.adinv, down, up).astype(r.dtype)
 
 
 def _one_copy(pick, u):
@@ -275,16 +270,22 @@ def _node_map(sem, dinv):
     return sem.local_map(local, dinv)
 
 
-def _cycle(pmg: PMG, l: int, r):
+def _cycle(pmg: PMG, l: int, r, A=None, dinv=None, down=None, up=None):
+    """Level ``l``'s cycle on E-vectors, or with its operator ``A``, inverse diagonal ``dinv`` and
+    the maps ``down`` (its vectors to E-vectors) and ``up`` (continuous E-vectors to its vectors)
+    given, on another storage of the level."""
     lv = pmg.levels[l]
-    A = pmg.level_operator(l)
+    A = pmg.level_operator(l) if A is None else A
+    dinv = lv.dinv if dinv is None else dinv
     if l == len(pmg.levels) - 1:
-        return chebyshev.first_kind(A, lv.dinv, lv.lmin, lv.rho, pmg.coarse_steps, r)
+        return chebyshev.first_kind(A, dinv, lv.lmin, lv.rho, pmg.coarse_steps, r)
     coarse = pmg.levels[l + 1]
-    x = chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r)
-    rc = restrict(coarse.sem, coarse.J, lv.sem.mult, r - A(x))
-    x = x + prolong(coarse.J, _cycle(pmg, l + 1, rc), lv.sem.backend)
-    return chebyshev.fourth_kind(A, lv.dinv, lv.rho, pmg.degree, r, x)
+    x = chebyshev.fourth_kind(A, dinv, lv.rho, pmg.degree, r)
+    res = r - A(x)
+    rc = restrict(coarse.sem, coarse.J, lv.sem.mult, res if down is None else down(res))
+    xc = prolong(coarse.J, _cycle(pmg, l + 1, rc), lv.sem.backend)
+    x = x + (xc if up is None else up(xc))
+    return chebyshev.fourth_kind(A, dinv, lv.rho, pmg.degree, r, x)
 
 
 def setup(levels, operator: Callable, diagonal: Callable, h1=1.0, h2=0.0,
