@@ -85,6 +85,12 @@ def check_gather_scatter(P):
             el = np.asarray(ss.elements).reshape(P, -1)
             sizes = np.sum(el >= 0, axis=1).tolist()
             check(f"{name}_sizes", sizes, len(set(sizes)) > 1 and sum(sizes) == mesh.num_elements)
+            # every pad point is a node of its own past the block's real nodes: no two copies
+            # (one shared trash node made the GPU's scatter-add conflict on one address)
+            gid = np.asarray(ss.gs.gid).reshape(P, el.shape[1], -1)
+            own = all(np.unique(g[e < 0]).size == g[e < 0].size and g[e < 0].min() > g[e >= 0].max()
+                      for g, e in zip(gid, el) if np.any(e < 0))
+            check(f"{name}_pads_own_nodes", own, own)
 
 
 def check_bp(P, bp, mesh, name, partition=None, tol=1e-12, maxiter=1000, storage="auto", pmg=False, **kw):

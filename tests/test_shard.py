@@ -83,6 +83,7 @@ def test_sharded_equals_serial(results):
         assert res[f"{name}_err"] < 1e-13 and res[f"{name}_mult_err"] == 0.0, res
         assert res[f"{name}_finite"] and res[f"{name}_dot_err"] < 1e-12, res
     assert len(set(res["gs_uneven_sizes"])) > 1 and sum(res["gs_uneven_sizes"]) == 15
+    assert res["gs_uneven_pads_own_nodes"], res
     assert res["gs_periodic_xy_rounds"] >= 2 and res["gs_uneven_rounds"] >= 2, res  # several rounds per exchange
     for name in ("bp5", "bp4", "bp5_affine", "bp5_pmg_uneven"):
         assert res[f"{name}_err"] < 1e-12 and res[f"{name}_converged"], res
