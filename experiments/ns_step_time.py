@@ -51,6 +51,7 @@ from jaxsem.models import flows
 from jaxsem.elliptic import solve_local
 from jaxsem.models import navier_stokes as NS
 from jaxsem.solvers import multigrid
+from jaxsem.parallel.comm import gspmd_on_gpus
 
 from experiments.common import Placements, Results, add_transport_args, best_seconds
 
@@ -246,62 +247,65 @@ def case(mesh, K, dt, steps, backend, where, options=NS.NSOptions(), trace=None,
     ns = NS.setup(mesh, nu=1 / 1600, dt=dt, backend=backend, options=options, **where)
     st = NS.initial_state(ns, flows.taylor_green().velocity)
     setup = time.perf_counter() - t
-    start = dt * max(1, round(0.1 / dt))  # about t = 0.1, in whole steps
-    st, s, _ = NS.run(ns, st, start, sample_interval=start)
-    many = jax.jit(lambda ns, st: jax.lax.fori_loop(0, steps, lambda i, x: NS.step(ns, x)[0], st))
-    if trace:  # compiled ahead, so that the trace's kernels are named in the HLO text of the same program
-        many = many.lower(ns, st).compile()
-    t_step = best_seconds(many, ns, st, repeats=2) / steps
-    _, info = jax.jit(NS.step)(ns, st)
-    conv = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))
-    t_conv = best_seconds(conv, ns, st.u)
-    curlcurl = jax.jit(lambda ns, u: ns.sem.local_map(
-        lambda s_, ns_, u_: NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, u_)), ns, u))
-    t_cc = best_seconds(curlcurl, ns, st.u)
-    reps = 20
-    gs_loop = jax.jit(lambda ns, u: ns.sem.local_map(
-        lambda s_, u_: jax.lax.fori_loop(0, reps, lambda i, v: s_.dssum(v) * 0.125, u_), u))
-    t_gs = best_seconds(gs_loop, ns, st.u) / reps
-    # the step's own pressure and velocity right-hand sides (periodic: no lift), then each solve alone
-    beta_, a_ = NS.bdf_ext(ns.options.time_order)
-    beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
+    # every program of the measurement compiles under GSPMD over several GPUs, as NS.run's own chunks do:
+    # XLA's GPU compiler crashes on them under Shardy (parallel.comm.gspmd_on_gpus)
+    with gspmd_on_gpus(ns.sem.comm):
+        start = dt * max(1, round(0.1 / dt))  # about t = 0.1, in whole steps
+        st, s, _ = NS.run(ns, st, start, sample_interval=start)
+        many = jax.jit(lambda ns, st: jax.lax.fori_loop(0, steps, lambda i, x: NS.step(ns, x)[0], st))
+        if trace:  # compiled ahead, so that the trace's kernels are named in the HLO text of the same program
+            many = many.lower(ns, st).compile()
+        t_step = best_seconds(many, ns, st, repeats=2) / steps
+        _, info = jax.jit(NS.step)(ns, st)
+        conv = jax.jit(lambda ns, u: ns.sem.local_map(lambda s_, ns_, u_: NS.scheme._convection(ns_, s_, u_), ns, u))
+        t_conv = best_seconds(conv, ns, st.u)
+        curlcurl = jax.jit(lambda ns, u: ns.sem.local_map(
+            lambda s_, ns_, u_: NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, u_)), ns, u))
+        t_cc = best_seconds(curlcurl, ns, st.u)
+        reps = 20
+        gs_loop = jax.jit(lambda ns, u: ns.sem.local_map(
+            lambda s_, u_: jax.lax.fori_loop(0, reps, lambda i, v: s_.dssum(v) * 0.125, u_), u))
+        t_gs = best_seconds(gs_loop, ns, st.u) / reps
+        # the step's own pressure and velocity right-hand sides (periodic: no lift), then each solve alone
+        beta_, a_ = NS.bdf_ext(ns.options.time_order)
+        beta, a, h2 = jnp.asarray(beta_), jnp.asarray(a_), beta_[0] / dt
 
-    def rhs(s_, ns_, st_):
-        F = jnp.concatenate([NS.scheme._convection(ns_, s_, st_.U[0])[None], st_.F])
-        Ub, Fx, ux = jnp.tensordot(beta[1:], st_.U, 1) / ns_.dt, jnp.tensordot(a, F, 1), jnp.tensordot(a, st_.U, 1)
-        R = Ub + Fx - ns_.nu * NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, ux))
-        return s_.dssum(NS.scheme._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux
+        def rhs(s_, ns_, st_):
+            F = jnp.concatenate([NS.scheme._convection(ns_, s_, st_.U[0])[None], st_.F])
+            Ub, Fx, ux = jnp.tensordot(beta[1:], st_.U, 1) / ns_.dt, jnp.tensordot(a, F, 1), jnp.tensordot(a, st_.U, 1)
+            R = Ub + Fx - ns_.nu * NS.scheme._curl(ns_, s_, NS.scheme._curl(ns_, s_, ux))
+            return s_.dssum(NS.scheme._weak_grad_t(s_, R)), s_.mask * s_.dssum(s_.bmass * (Ub + Fx)), s_.mask * ux
 
-    bp, bv, x0 = jax.jit(lambda ns, st: ns.sem.local_map(rhs, ns, st))(ns, st)
-    psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS.scheme._pressure_solve(ns_, b_, p_, 0.0),
-                                                        ns, b, p0))
-    vsolve = jax.jit(lambda ns, b, x: ns.sem.local_map(
-        lambda s_, ns_, b_, x_: solve_local(NS.scheme._velocity(ns_, h2), b_, x0=x_, tol=ns_.options.velocity_tol, maxiter=ns_.options.velocity_maxiter), ns, b, x))
-    if trace:
-        psolve = psolve.lower(ns, bp, st.p).compile()
-    t_p = best_seconds(psolve, ns, bp, st.p)
-    t_v = best_seconds(vsolve, ns, bv, x0)
-    pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
-    p = mesh.order
-    prof = {}
-    if trace:
-        E = K**3
-        prof = dict(trace=dict(
-            steps=traced(many, (ns, st), f"{trace}/E{K}_p{p}_steps", top, E, steps),
-            pressure_solve=traced(psolve, (ns, bp, st.p), f"{trace}/E{K}_p{p}_pressure_solve", top, E, pits,
-                                  sequence),
-            pmg_orders=list(ns.pressure.pmg.orders) if ns.pressure.pmg is not None else None,
-            note="steps: per = the steps of one traced call; pressure_solve: per = its iterations. Shares are of "
-                 "the GPU kernel time summed over the trace (gpu_us); wall_ms_traced includes the profiler's cost."))
-    return prof | dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
-                pressure_tol=options.pressure_tol, velocity_tol=options.velocity_tol,
-                cycle_dtype=str(options.pmg.dtype or "float64"),
-                points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
-                convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
-                pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
-                dssum_ms=1e3 * t_gs, pressure_iterations=int(info.pressure.iterations),
-                velocity_iterations=int(info.velocity.iterations), compact_affine=ns.sem.affine is not None,
-                kinetic_energy=float(NS.diagnostics(ns, st).kinetic_energy))
+        bp, bv, x0 = jax.jit(lambda ns, st: ns.sem.local_map(rhs, ns, st))(ns, st)
+        psolve = jax.jit(lambda ns, b, p0: ns.sem.local_map(lambda s_, ns_, b_, p_: NS.scheme._pressure_solve(ns_, b_, p_, 0.0),
+                                                            ns, b, p0))
+        vsolve = jax.jit(lambda ns, b, x: ns.sem.local_map(
+            lambda s_, ns_, b_, x_: solve_local(NS.scheme._velocity(ns_, h2), b_, x0=x_, tol=ns_.options.velocity_tol, maxiter=ns_.options.velocity_maxiter), ns, b, x))
+        if trace:
+            psolve = psolve.lower(ns, bp, st.p).compile()
+        t_p = best_seconds(psolve, ns, bp, st.p)
+        t_v = best_seconds(vsolve, ns, bv, x0)
+        pits, vits = int(psolve(ns, bp, st.p)[1].iterations), int(vsolve(ns, bv, x0)[1].iterations)
+        p = mesh.order
+        prof = {}
+        if trace:
+            E = K**3
+            prof = dict(trace=dict(
+                steps=traced(many, (ns, st), f"{trace}/E{K}_p{p}_steps", top, E, steps),
+                pressure_solve=traced(psolve, (ns, bp, st.p), f"{trace}/E{K}_p{p}_pressure_solve", top, E, pits,
+                                      sequence),
+                pmg_orders=list(ns.pressure.pmg.orders) if ns.pressure.pmg is not None else None,
+                note="steps: per = the steps of one traced call; pressure_solve: per = its iterations. Shares are of "
+                     "the GPU kernel time summed over the trace (gpu_us); wall_ms_traced includes the profiler's cost."))
+        return prof | dict(transport=ns.sem.comm.name, backend=ns.sem.backend.name, elements=K, order=p,
+                    pressure_tol=options.pressure_tol, velocity_tol=options.velocity_tol,
+                    cycle_dtype=str(options.pmg.dtype or "float64"),
+                    points=K**3 * p**3, dt=dt, steps=steps, setup_seconds=setup, ms_per_step=1e3 * t_step,
+                    convection_ms=1e3 * t_conv, curl_curl_ms=1e3 * t_cc, pressure_solve_ms=1e3 * t_p,
+                    pressure_solve_iterations=pits, velocity_solve_ms=1e3 * t_v, velocity_solve_iterations=vits,
+                    dssum_ms=1e3 * t_gs, pressure_iterations=int(info.pressure.iterations),
+                    velocity_iterations=int(info.velocity.iterations), compact_affine=ns.sem.affine is not None,
+                    kinetic_energy=float(NS.diagnostics(ns, st).kinetic_energy))
 
 
 def main(argv=None):
