@@ -27,6 +27,8 @@
 #              process per GPU); sizes WEAK1 (32x30x30), WEAK2 (64x30x30), STRONG (64x32x32)
 #   dg         Maxwell and advection LSERK4 steps over the GPUs, DG_BACKENDS (auto einsum)
 #   pmg        p-multigrid time to solution over the GPUs
+#   gs         one gather-scatter over the GPUs by how each device sums its own copies: XLA's scatter
+#              (einsum backend) or the CUDA gather kernel (cuda backend), GS_ELEMENTS (32)^3, p = 7
 #   tgv, tgvdist, tgvmpi
 #              Taylor-Green step time: shard, jax.distributed and mpi4jax
 #   tgvlong    Taylor-Green to t = 20 on every GPU
@@ -52,7 +54,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong channel nsgrad nsgradfd nsgradgpus tgv36 tgv36run horizon "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong gs channel nsgrad nsgradfd nsgradgpus tgv36 tgv36run horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -151,6 +153,8 @@ if has dg; then
 fi
 has pmg && timed pmg shard 600 "$PY -m experiments.pmg_scaling --devices $DEVS --order 7 --repeats 2 \
   --sizes ${PMG_SIZES:-$STRONG} --out $OUT/pmg_shard.json"
+has gs && timed gs sharded 300 "$PY -m experiments.gs_sharded --elements ${GS_ELEMENTS:-32} --order 7 --devices $NGPU \
+  --out $OUT/gs_sharded.json"
 TGV="-m experiments.ns_step_time --order 7 --elements ${TGV_ELEMENTS:-32} --steps 20"
 has tgv && timed tgv shard 600 "$PY $TGV --devices $DEVS --out $OUT/tgv_shard.json"
 has tgvdist && timed tgvdist dist 600 "mpirun -n $NGPU $PY $TGV --devices $NGPU --out $OUT/tgv_dist.json"

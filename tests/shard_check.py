@@ -26,6 +26,7 @@ if "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # four 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -49,18 +50,42 @@ def dssum_dot(sem, v):
     return sem.dssum(v), sem.dot(v[0], v[1])
 
 
+def csr_backend():
+    """The CUDA backend on a GPU; on a CPU the emulated one with its gather-scatter as the CUDA
+    backend's ("csr" rows, summed by their JAX form)."""
+    if jax.default_backend() != "cpu":
+        return "cuda"
+    from typing import ClassVar
+
+    from jaxsem.backends import EmulatedBackend
+
+    class CsrEmulated(EmulatedBackend):
+        gs_layout: ClassVar[str] = "csr"
+
+    return CsrEmulated()
+
+
 def check_gather_scatter(P):
     cases = [
-        ("gs_box", box_mesh((4, 3, 2), 3, deform=0.05), None),
-        ("gs_periodic_x", box_mesh((2, 2, 2), 3, periodic=(True, False, False), deform=0.05), None),
+        ("gs_box", box_mesh((4, 3, 2), 3, deform=0.05), None, "auto"),
+        ("gs_periodic_x", box_mesh((2, 2, 2), 3, periodic=(True, False, False), deform=0.05), None, "auto"),
         # periodic in two directions: a pair of ranks can share two faces
-        ("gs_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), None),
-        ("gs_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "uneven"),
+        ("gs_periodic_xy", box_mesh((3, 3, 1), 3, periodic=(True, True, False)), None, "auto"),
+        ("gs_uneven", box_mesh((5, 3, 1), 2, deform=0.1), "uneven", "auto"),
+        # each rank sums its own copies by "csr" rows (the CUDA backend's plan), then exchanges
+        ("gs_uneven_csr", box_mesh((5, 3, 1), 2, deform=0.1), "uneven", csr_backend()),
     ]
-    for name, mesh, part in cases:
+    for name, mesh, part, backend in cases:
         part = uneven_partition(mesh.num_elements, P) if part == "uneven" else None
         serial = discretize(mesh, comm=Comm())
-        ss = discretize(mesh, devices=P, partition=part)
+        ss = discretize(mesh, devices=P, partition=part, backend=backend)
+        if name.endswith("_csr"):
+            check(f"{name}_layout", ss.gs.layout, ss.gs.layout == "csr" and ss.gs.exchange is not None)
+            # reverse mode: QQᵀ is symmetric, so the gradient of <w, QQᵀ u> is QQᵀ w
+            w = np.array(js.from_mesh_order(ss, np.cos(u)))
+            g = jax.jit(jax.grad(lambda v, s_: jnp.sum(s_.dssum(v) * w)))(us, ss)
+            g_err = rel(js.to_mesh_order(ss, g), js.to_mesh_order(ss, jax.jit(lambda s_: s_.dssum(w))(ss)))
+            check(f"{name}_grad_err", g_err, g_err < 1e-13)
         assert isinstance(ss.comm, ShardComm) and ss.comm.size == P
         assert ss.x.sharding.spec == jax.sharding.PartitionSpec(None, ss.comm.axis_name)
         rng = np.random.default_rng(0)

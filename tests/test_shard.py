@@ -79,11 +79,13 @@ def test_sharded_equals_serial(results):
     assert res is not None, f"shard_check.py {P} printed no RESULT (exit {rc}):\n{text[-4000:]}"
     assert res["P"] == P and res["failed"] == [], res
     assert rc == 0, text[-4000:]
-    for name in ("gs_box", "gs_periodic_x", "gs_periodic_xy", "gs_uneven"):
+    for name in ("gs_box", "gs_periodic_x", "gs_periodic_xy", "gs_uneven", "gs_uneven_csr"):
         assert res[f"{name}_err"] < 1e-13 and res[f"{name}_mult_err"] == 0.0, res
         assert res[f"{name}_finite"] and res[f"{name}_dot_err"] < 1e-12, res
     assert len(set(res["gs_uneven_sizes"])) > 1 and sum(res["gs_uneven_sizes"]) == 15
-    assert res["gs_uneven_pads_own_nodes"], res
+    assert res["gs_uneven_pads_own_nodes"] and res["gs_uneven_csr_pads_own_nodes"], res
+    # the CUDA backend's plan sharded: each device sums its own copies by "csr" rows, then exchanges
+    assert res["gs_uneven_csr_layout"] == "csr" and res["gs_uneven_csr_grad_err"] < 1e-13, res
     assert res["gs_periodic_xy_rounds"] >= 2 and res["gs_uneven_rounds"] >= 2, res  # several rounds per exchange
     for name in ("bp5", "bp4", "bp5_affine", "bp5_pmg_uneven"):
         assert res[f"{name}_err"] < 1e-12 and res[f"{name}_converged"], res

@@ -11,7 +11,9 @@ sums the copies of each global node, ``Q`` copies the sums back, so
   ``csr_idx``; the same order for every copy, so all copies get bit-identical
   sums) and a node with one copy keeps its value. It is one CUDA kernel
   (:func:`jaxsem.backends.cuda.gs_csr_cuda`): no zero fill of a global array, no
-  atomics. The ``"cuda"`` backend takes it on one device.
+  atomics. The ``"cuda"`` backend takes it, on one device and for a distributed
+  plan's own copies alike (without a CUDA GPU the same rows run as
+  :func:`csr_gather`, the emulated backend's form).
 
 Both are linear and their transposes are themselves (QQᵀ is symmetric), which
 JAX's autodiff of ``segment_sum``/``take`` finds by itself; the CUDA form's
@@ -41,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..backends.cuda import gs_csr_cuda
+from ..backends.cuda import cuda_available, gs_csr_cuda
 from ..mesh.partition import rank_pairs
 from ..parallel.comm import Comm
 
@@ -170,8 +172,6 @@ def make_gs(gid: np.ndarray, num_global: int, layout: str = "segment", dtype=jnp
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "csr" and exchange is not None:
-        layout = "segment"  # the gather kernel serves one device; a distributed plan sums segments
     gid = np.asarray(gid)
     flat = gid.reshape(-1).astype(np.int64, copy=False)
     L = flat.size
@@ -228,7 +228,7 @@ def _csr_rows(flat, counts, nnz: int):
     return off, perm[starts[flat[row]] + within]
 
 
-def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: Comm, dtype=jnp.float64):
+def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: Comm, dtype=jnp.float64, layout: str = "segment"):
     """This rank's gather–scatter plan, from the global numbering and the partition.
 
     Args:
@@ -236,6 +236,8 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: Comm, dtype=jnp
         same numbering).
       part: ``(E,)`` rank of each element.
       comm: the communicator; ``comm.rank`` picks this rank's elements.
+      layout: how the rank sums its own copies (:data:`LAYOUTS`; ``"csr"``: the CUDA gather
+        kernel, rows over this rank's copies); the exchange adds the other ranks' sums after.
     Returns ``(plan, elements, holders)``: the plan over this rank's elements, their
     global indices ``(E_local,)`` (ascending), and ``holders: (plan.num_global,)`` the
     number of ranks holding each of the plan's nodes (1 off the interfaces). The plan
@@ -277,7 +279,7 @@ def make_gs_distributed(gid: np.ndarray, part: np.ndarray, comm: Comm, dtype=jnp
         idx.append(jnp.asarray(local_of[shared].astype(np.int32)))
     exchange = Exchange(idx=tuple(idx), partners=tuple(partners), comm=comm,
                         rounds=tuple(tuple(map(tuple, rnd)) for rnd in rounds))
-    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, "segment", dtype, counts=counts[uniq], exchange=exchange,
+    plan = make_gs(lid.reshape(local_gid.shape), uniq.size, layout, dtype, counts=counts[uniq], exchange=exchange,
                    num_shared=int(is_shared.sum()))
     return plan, elements, holders_g[uniq]
 
@@ -295,10 +297,10 @@ def gs_apply(plan: GatherScatter, u):
     shape = u.shape
     lead = shape[: u.ndim - 4]
     C = int(np.prod(lead)) if lead else 1
-    if plan.layout == "csr":
-        return _gs_csr(u.reshape((C, -1)), plan.csr_off, plan.csr_idx, plan.gid, plan.num_global).reshape(shape)
     if plan.exchange is not None:
         return _gs_exchange(plan, u.reshape((C, -1))).reshape(shape)
+    if plan.layout == "csr":
+        return _gs_csr(u.reshape((C, -1)), plan.csr_off, plan.csr_idx, plan.gid, plan.num_global).reshape(shape)
     if lead:
         # one segment_sum over all components, component c's nodes shifted to [c·N, (c+1)·N):
         # vmap would batch the scatter along a trailing component axis, and XLA then transposes
@@ -322,7 +324,10 @@ def _gs_exchange(plan: GatherScatter, u2):
     ss = _sums(jnp.take(u2, plan.shared, axis=-1, mode="fill", fill_value=0), sid, ns + 1)
     slots = [jnp.minimum(i, ns) for i in plan.exchange.idx]  # padded rounds send the zero slot
     received = plan.exchange.comm.exchange(plan.exchange, [ss[..., i] for i in slots])
-    out = jnp.take(_sums(u2, plan.gid, plan.num_global), plan.gid, axis=-1)  # needs no message
+    if plan.layout == "csr":  # needs no message
+        out = _gs_csr(u2, plan.csr_off, plan.csr_idx, plan.gid, plan.num_global)
+    else:
+        out = jnp.take(_sums(u2, plan.gid, plan.num_global), plan.gid, axis=-1)
     remote = jnp.zeros_like(ss)
     for i, recv in zip(slots, received):
         if recv is not None:
@@ -361,8 +366,9 @@ def csr_gather(u2, off, idx):
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _gs_csr(u2, off, idx, gid, N):
-    """QQᵀ of ``u2: (C, L)`` by the CUDA gather kernel; its tangent is the segment form's."""
-    return gs_csr_cuda(u2, off, idx)
+    """QQᵀ of ``u2: (C, L)`` by the CUDA gather kernel (without a CUDA GPU: its JAX form,
+    :func:`csr_gather`, for the emulated backend's tests); its tangent is the segment form's."""
+    return gs_csr_cuda(u2, off, idx) if cuda_available() else csr_gather(u2, off, idx)
 
 
 @_gs_csr.defjvp

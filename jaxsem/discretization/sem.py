@@ -239,7 +239,7 @@ def discretize(
         part = partition_mesh(mesh, comm.size) if partition is None else np.asarray(partition)
         if part.shape != (mesh.num_elements,) or part.min() < 0 or part.max() >= comm.size:
             raise ValueError(f"partition must be (E,) = ({mesh.num_elements},) ranks in [0, {comm.size})")
-        plan, elements, holders = make_gs_distributed(numbering.gid, part, comm, dtype)
+        plan, elements, holders = make_gs_distributed(numbering.gid, part, comm, dtype, kernels.gs_layout)
         local_gid = np.asarray(plan.gid).reshape((elements.size,) + numbering.gid.shape[1:])
         node_map = lambda: make_assembled(local_gid, mask[elements], plan.num_global, plan.exchange, holders, dtype)
     else:

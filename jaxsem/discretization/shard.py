@@ -122,6 +122,7 @@ def _sizes(parts) -> dict:
     plans = list(zip(*[_plans(p) for p in parts]))
     nodes = [max(g.num_global for g in gs) for gs in plans]
     rounds, shared = [], []
+    nnz = [max(0 if g.csr_idx is None else int(np.shape(g.csr_idx)[0]) for g in gs) for gs in plans]
     for gs in plans:
         ex0 = gs[0].exchange
         nr = 0 if ex0 is None else len(ex0.idx)
@@ -130,7 +131,7 @@ def _sizes(parts) -> dict:
                        max(0 if g.shared is None else int(np.shape(g.shared)[0]) for g in gs)))
     assembled = {f.name: max(int(np.shape(getattr(p, f.name).shared)[0]) for p in parts)
                  for f in dataclasses.fields(parts[0]) if isinstance(getattr(parts[0], f.name), Assembled)}
-    return dict(E_max=E_max, E_min=E_min, nodes=nodes, rounds=rounds, shared=assembled, gs_shared=shared)
+    return dict(E_max=E_max, E_min=E_min, nnz=nnz, nodes=nodes, rounds=rounds, shared=assembled, gs_shared=shared)
 
 
 def _pad_axis(a: np.ndarray, axis: int, size: int, fill) -> np.ndarray:
@@ -168,11 +169,11 @@ def _pad_fields(obj, E_max: int):
 
 
 def _pad_gs(gs: GatherScatter, E_max: int, E_min: int, N_max: int, round_len: Sequence[int], shared: tuple,
-            comm: ShardComm):
+            comm: ShardComm, nnz: int = 0):
     """A rank's gather–scatter plan padded to ``E_max`` elements, its pad points given the nodes
     ``N_max, N_max + 1, …`` (one each; ``N_max + max(1, (E_max − E_min)·n³)`` nodes on every rank, the
-    first past the real ones also the exchange's trash slot), and ``shared = (num_shared, copies)``
-    to the ranks' most shared nodes and copies."""
+    first past the real ones also the exchange's trash slot), ``shared = (num_shared, copies)``
+    to the ranks' most shared nodes and copies, and a ``"csr"`` plan's rows to ``nnz`` entries."""
     mult = np.asarray(gs.mult)
     E = mult.shape[0]
     block = int(np.prod(mult.shape[1:]))
@@ -184,9 +185,15 @@ def _pad_gs(gs: GatherScatter, E_max: int, E_min: int, N_max: int, round_len: Se
         idx = tuple(_pad_axis(np.asarray(i, np.int32), 0, k, trash) for i, k in zip(gs.exchange.idx, round_len))
         exchange = Exchange(idx=idx, partners=(-1,) * len(idx), comm=comm, rounds=gs.exchange.rounds)
         copies = _pad_axis(np.asarray(gs.shared), 0, shared[1], L_max)
+    csr_off = csr_idx = None
+    if gs.layout == "csr":  # the pads' rows are empty (one copy: each keeps its value)
+        off = np.asarray(gs.csr_off)
+        csr_off = _pad_axis(off, 0, L_max + 1, off[-1])
+        csr_idx = _pad_axis(np.asarray(gs.csr_idx), 0, nnz, 0)
     return GatherScatter(gid=np.concatenate([gid, np.arange(trash, trash + L_max - L, dtype=gid.dtype)]),
-                         mult=_pad_axis(mult, 0, E_max, 0), num_global=num_global, layout="segment",
-                         exchange=exchange, shared=copies, num_shared=shared[0] if copies is not None else 0)
+                         mult=_pad_axis(mult, 0, E_max, 0), num_global=num_global, layout=gs.layout,
+                         exchange=exchange, shared=copies, num_shared=shared[0] if copies is not None else 0,
+                         csr_off=csr_off, csr_idx=csr_idx)
 
 
 def _pad_assembled(a: Assembled, E_max: int, k: int, padded: GatherScatter):
@@ -205,8 +212,9 @@ def _pad(part, sizes: dict, comm: ShardComm):
     out = _pad_fields(part, sizes["E_max"])
     plans = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)
              if isinstance(getattr(part, f.name), GatherScatter)}
-    new = {name: _pad_gs(gs, sizes["E_max"], sizes["E_min"], N, rl, sh, comm)
-           for (name, gs), N, rl, sh in zip(plans.items(), sizes["nodes"], sizes["rounds"], sizes["gs_shared"])}
+    new = {name: _pad_gs(gs, sizes["E_max"], sizes["E_min"], N, rl, sh, comm, nnz)
+           for (name, gs), N, rl, sh, nnz in zip(plans.items(), sizes["nodes"], sizes["rounds"], sizes["gs_shared"],
+                                                 sizes["nnz"])}
     for f in dataclasses.fields(part):  # an assembled-storage map is padded with the plan of its exchange
         a = getattr(part, f.name)
         if isinstance(a, Assembled):
