@@ -320,10 +320,20 @@ def solve_local(H: Helmholtz, b, *, x0=None, tol: float = 1e-10, maxiter: int = 
         dots=functools.partial(assembled.dots, a), method=method, transposable=sem.backend.transposable,
         keep_z=keep_z, x0=None if x0 is None else g(x0),
         nullspace=jnp.broadcast_to(keep, gb.shape) if H.nullspace else None,
-        # Qᵀ(√mult ·): its transpose √mult·Q takes the adjoint back to an E-vector that it maps
-        # onto the same assembled vector again (the product is the identity on the nodes)
-        adjoint_guess=None if adjoint_guess is None else assembled.scatter(a, jnp.sqrt(sem.mult) * adjoint_guess))
+        adjoint_guess=None if adjoint_guess is None else _guess_to_assembled(a, adjoint_guess))
     return assembled.to_local(a, x), info
+
+
+def _guess_to_assembled(a, g):
+    """An adjoint guess carried as an E-vector → this rank's assembled vector: ``Q_rᵀ(g/√c_r)``,
+    ``c_r`` the copies of each node on this rank and ``Q_rᵀ`` their sum without the exchange.
+    Its transpose ``Q_r(·)/√c_r`` hands the adjoint solution back as an E-vector that this maps
+    onto the same assembled vector again (``Q_rᵀ Q_r = c_r``: the identity on every rank's
+    partial values). With the global multiplicity or the exchange in it, the round trip summed
+    the ranks' parts of an interface node, so a guess grew a little on every step of a reverse
+    pass (the pressure's constant part, which no adjoint solve removes, without bound)."""
+    copies = assembled.to_local(a, assembled.scatter_local(a, jnp.ones(g.shape[g.ndim - 4:], g.dtype)))
+    return assembled.scatter_local(a, jnp.where(copies > 0, g / jnp.sqrt(jnp.where(copies > 0, copies, 1)), 0))
 
 
 def transpose_solve_local(H: Helmholtz, c, *, tol: float = 1e-10, maxiter: int = 1000, method: str = "classic"):

@@ -86,6 +86,9 @@ def test_sharded_equals_serial(results):
     assert res["gs_uneven_pads_own_nodes"] and res["gs_uneven_csr_pads_own_nodes"], res
     # the CUDA backend's plan sharded: each device sums its own copies by "csr" rows, then exchanges
     assert res["gs_uneven_csr_layout"] == "csr" and res["gs_uneven_csr_grad_err"] < 1e-13, res
+    # an adjoint guess handed back its own cotangent returns it again: no growth pass after pass
+    assert res["adjoint_guess_growth"] < 1e-10 and res["adjoint_guess_serial_growth"] < 1e-10, res
+    assert res["adjoint_guess_grad_err"] < 1e-10, res
     assert res["gs_periodic_xy_rounds"] >= 2 and res["gs_uneven_rounds"] >= 2, res  # several rounds per exchange
     for name in ("bp5", "bp4", "bp5_affine", "bp5_pmg_uneven"):
         assert res[f"{name}_err"] < 1e-12 and res[f"{name}_converged"], res

@@ -109,12 +109,18 @@ def assemble(a: Assembled, s):
 
 def scatter(a: Assembled, u):
     """Qᵀ: the sums of the copies of ``u: (..., E, n, n, n)`` → ``(..., size)`` (Dirichlet nodes 0)."""
+    return assemble(a, scatter_local(a, u))
+
+
+def scatter_local(a: Assembled, u):
+    """The sums of this rank's copies of ``u: (..., E, n, n, n)`` alone → ``(..., size)`` (no
+    exchange: on an interface node, this rank's part of :func:`scatter`)."""
     lead = u.shape[: u.ndim - 4]
     ids = a.idx.reshape(-1)
     # one segment_sum per component: vmap would batch the scatter along a trailing axis and
     # make XLA transpose u first (an extra read and write of it)
     sums = [jax.ops.segment_sum(v, ids, num_segments=a.size) for v in u.reshape((-1, ids.size))]
-    return assemble(a, jnp.stack(sums).reshape(lead + (a.size,)))
+    return jnp.stack(sums).reshape(lead + (a.size,))
 
 
 def from_local(a: Assembled, u, mult):
