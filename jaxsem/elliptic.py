@@ -329,9 +329,9 @@ def _guess_to_assembled(a, g):
     ``c_r`` the copies of each node on this rank and ``Q_rᵀ`` their sum without the exchange.
     Its transpose ``Q_r(·)/√c_r`` hands the adjoint solution back as an E-vector that this maps
     onto the same assembled vector again (``Q_rᵀ Q_r = c_r``: the identity on every rank's
-    partial values). With the global multiplicity or the exchange in it, the round trip summed
-    the ranks' parts of an interface node, so a guess grew a little on every step of a reverse
-    pass (the pressure's constant part, which no adjoint solve removes, without bound)."""
+    partial values). A round trip through the exchange would sum the ranks' parts of an
+    interface node on every pass of a reverse run, and a guess's constant part (the pressure's
+    null space, which no adjoint solve removes) would grow without bound."""
     copies = assembled.to_local(a, assembled.scatter_local(a, jnp.ones(g.shape[g.ndim - 4:], g.dtype)))
     return assembled.scatter_local(a, jnp.where(copies > 0, g / jnp.sqrt(jnp.where(copies > 0, copies, 1)), 0))
 

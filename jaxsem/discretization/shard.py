@@ -16,9 +16,8 @@ zero weights (``mask``, ``bmass``, ``mult``, ``G``, ``B``, ``mass``: declared pe
 field with ``metadata=dict(pad=0)``; other element arrays repeat the block's first
 element so nothing is NaN) and ``elements = −1``. Each pad element's point is a node
 of its own past the real ones (one shared "trash" node would make the gather–scatter's
-sum a scatter of every pad point into one address: 0.8 M conflicting adds a field at
-57³ elements over 4 GPUs), and every exchange round's index list is padded with the
-first of them, so pads never touch real nodes; a plan's list of shared copies is padded
+sum, a scatter-add on a GPU, add every pad point into one address), and every exchange
+round's index list is padded with the first of them, so pads never touch real nodes; a plan's list of shared copies is padded
 with a position past the block's end, which the gather–scatter ignores. Solvers, norms and errors weight by
 those zeros, so results on real elements equal an unpadded run's.
 
