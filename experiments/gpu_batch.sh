@@ -42,6 +42,8 @@
 #              (sqrt: the binomial schedule is refused over several GPUs, docs/gradients.md)
 #   tgv36      NekRS's Taylor-Green case (36^3 elements, p = 7, dt 3e-3): time per step and its parts at
 #              the default tolerances and at NekRS's (pressure 1e-4, velocity 1e-6)
+#   tgv36gpus  NekRS's case over the GPUs at its tolerances (pressure 1e-6 with the float32 cycle, velocity
+#              1e-8): 36^3 on 1 and NGPU GPUs (strong), and 57^3 on 4 GPUs (weak, 4x the points) when NGPU = 4
 #   tgv36run   NekRS's case end to end (6,667 steps of 3e-3 to t = 20.001, sampled every 0.06, pressure 1e-6,
 #              velocity 1e-8, a checkpoint every 6.0 and at the stop), resumed from TGV36_CK (default
 #              /tmp/tgv36_ckpt.npz) when it exists: run the stage in one call, then again in the next call
@@ -54,7 +56,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW
 PY=${PY:-python3}
 OUT=${OUT:-$PWD/gpu_batch}
 STAGES=",$(IFS=,; echo "$*"),"
-KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong gs channel nsgrad nsgradfd nsgradgpus tgv36 tgv36run horizon "
+KNOWN=" first roofline build tests old targets bk5a bp5a stiffnessa bp3a bp4a install check checkdg bp5 bp5mpi bp5dist dg pmg tgv tgvdist tgvmpi tgvlong gs channel nsgrad nsgradfd nsgradgpus tgv36 tgv36gpus tgv36run horizon "
 for s in "$@"; do [[ $KNOWN == *" $s "* ]] || { echo "gpu_batch.sh: unknown stage '$s' (one of:$KNOWN)" >&2; exit 2; }; done
 mkdir -p "$OUT"
 has() { [[ $STAGES == *",$1,"* ]]; }
@@ -183,6 +185,11 @@ for tols in "1e-8 1e-10" "1e-4 1e-6"; do
   has tgv36 && timed tgv36 "p$ptol" 600 "$PY -m experiments.ns_step_time --order 7 --elements 36 --dt 3e-3 \
     --steps 50 --pressure-tol $ptol --velocity-tol $vtol --out $OUT/tgv36_step_p$ptol.json"
 done
+if has tgv36gpus; then
+  T36="$PY -m experiments.ns_step_time --order 7 --dt 3e-3 --steps 20 --pressure-tol 1e-6 --velocity-tol 1e-8 --cycle-dtype float32"
+  timed tgv36gpus strong 600 "$T36 --elements 36 --devices $( (( NGPU > 1 )) && echo 1,$NGPU || echo 1) --out $OUT/tgv36_strong.json"
+  (( NGPU == 4 )) && timed tgv36gpus weak57 600 "$T36 --elements 57 --devices 4 --out $OUT/tgv57_weak.json"
+fi
 if has tgv36run; then
   CK=${TGV36_CK:-/tmp/tgv36_ckpt.npz}
   args="--order 7 --elements 36 --dt 3e-3 --sample 0.06 --t-final 20.001 --pressure-tol 1e-6 --velocity-tol 1e-8 \
